@@ -1,0 +1,66 @@
+// Backend: where an engine gets its segments and its events.
+//
+// The interface is shaped after the CUDA runtime the CUDA backend wraps
+// (cudaMalloc/cudaFree, cudaEventRecord/cudaEventQuery/cudaEventSynchronize,
+// cudaMemGetInfo, stream capture), and the host backend implements the same
+// calls over host memory.
+//
+// Contract:
+//   - The engine calls a backend only while holding its own lock, so one
+//     backend instance never sees concurrent calls from its engine. A backend
+//     must never call back into the engine.
+//   - AllocateSegment returns absl::ResourceExhaustedError when the device is
+//     out of memory (the engine then frees cached memory and retries); any
+//     other error is a device fault and is reported as is.
+//   - RecordEvent returns an event that completes once all work queued on
+//     `stream` at the time of the call has finished. Events are owned by the
+//     backend (it may pool them); the engine hands each back with ReleaseEvent.
+#ifndef TORCHMEM_CORE_BACKEND_H_
+#define TORCHMEM_CORE_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "torchmem/core/types.h"
+
+namespace torchmem {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Names the device in messages, e.g. "cpu" or "cuda:0".
+  virtual std::string DeviceName() const = 0;
+
+  // Obtains a region of exactly `size` bytes, aligned to at least 512 bytes,
+  // for use on `stream`.
+  virtual absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t size, StreamId stream) = 0;
+
+  // Returns a region obtained from AllocateSegment. On error the region is
+  // still owned by the engine.
+  virtual absl::Status ReleaseSegment(std::uintptr_t address, std::size_t size) = 0;
+
+  // Total bytes of the device, for limits given as a fraction.
+  virtual absl::StatusOr<std::size_t> Capacity() = 0;
+
+  // Says why no new segment may be obtained for `stream` right now (e.g. a
+  // CUDA graph is being captured on it), or OK.
+  virtual absl::Status CheckSegmentAllocationAllowed(StreamId stream) {
+    (void)stream;
+    return absl::OkStatus();
+  }
+
+  virtual absl::StatusOr<EventId> RecordEvent(StreamId stream) = 0;
+  // True once the event completed.
+  virtual absl::StatusOr<bool> QueryEvent(EventId event) = 0;
+  // Blocks until the event completed.
+  virtual absl::Status SynchronizeEvent(EventId event) = 0;
+  virtual void ReleaseEvent(EventId event) = 0;
+};
+
+}  // namespace torchmem
+
+#endif  // TORCHMEM_CORE_BACKEND_H_

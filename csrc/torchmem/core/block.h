@@ -1,0 +1,99 @@
+// Block and Segment: the engine's records of device memory (engine-internal).
+//
+// A Segment is one region obtained from the backend. It is covered, without
+// gaps or overlaps, by a doubly linked list of Blocks in address order
+// (Block::prev/next). Each block is in exactly one state:
+//   kAllocated   - handed out to a caller;
+//   kPendingFree - freed by its caller, but still used by work queued on other
+//                  streams (record_stream); reusable once their events complete;
+//   kFree        - cached, reusable; it sits in exactly one index of its
+//                  segment's FreeLists: the best-fit tree, or the exact-size
+//                  cache ("parked").
+// Blocks in the tree never touch another free block (they are merged);
+// parked blocks are merged lazily (see FreeLists).
+//
+// The metadata fields describe the current (or last) allocation of the block
+// and are stamped when it is handed out, so that accounting on free is O(1)
+// and credits the tag and scope the block was allocated under, whichever
+// thread frees it and whenever.
+#ifndef TORCHMEM_CORE_BLOCK_H_
+#define TORCHMEM_CORE_BLOCK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "torchmem/core/types.h"
+
+namespace torchmem {
+
+class FreeLists;
+struct ScopeBlocks;
+
+enum class BlockState : std::uint8_t { kFree, kAllocated, kPendingFree };
+
+inline const char* BlockStateName(BlockState state) {
+  switch (state) {
+    case BlockState::kFree:
+      return "free";
+    case BlockState::kAllocated:
+      return "allocated";
+    case BlockState::kPendingFree:
+      return "pending_free";
+  }
+  return "?";
+}
+
+// Where a free block is indexed.
+enum class FreeIndex : std::uint8_t { kNone, kTree, kParked };
+
+struct Block;
+
+struct Segment {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  PoolKind pool = PoolKind::kSmall;
+  StreamId stream = 0;
+  Block* first = nullptr;        // block at `address`
+  FreeLists* lists = nullptr;    // free lists of (stream, pool)
+};
+
+struct Block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;  // physical neighbours in the segment
+  Block* next = nullptr;
+  BlockState state = BlockState::kFree;
+  FreeIndex index = FreeIndex::kNone;
+
+  // Metadata of the allocation (valid unless the block was never handed out).
+  std::size_t requested_size = 0;
+  TagId tag = kNoTag;
+  ScopeId scope = kNoScope;
+  ContextId context = kNoContext;
+  std::uint64_t sequence = 0;
+
+  // Streams other than the segment's that used the block (record_stream),
+  // and the number of their events not yet completed after a free.
+  std::vector<StreamId> stream_uses;
+  int pending_events = 0;
+
+  // Exact-size cache links (FreeIndex::kParked).
+  Block* cache_prev = nullptr;
+  Block* cache_next = nullptr;
+
+  // Leak-scope membership while allocated or pending.
+  ScopeBlocks* scope_list = nullptr;
+  Block* scope_prev = nullptr;
+  Block* scope_next = nullptr;
+
+  PoolKind pool() const { return segment->pool; }
+  StreamId stream() const { return segment->stream; }
+  // True unless the block spans its whole segment.
+  bool IsSplit() const { return prev != nullptr || next != nullptr; }
+};
+
+}  // namespace torchmem
+
+#endif  // TORCHMEM_CORE_BLOCK_H_

@@ -1,0 +1,42 @@
+// Context capture: an optional hook that names where an allocation was made.
+//
+// The engine stamps the returned ContextId on the block and never looks
+// inside it; the layer that installs the hook (the Python layer, which
+// captures Python stacks) interprets it. Capture is reference counted: it runs
+// only while at least one client (a leak check that wants stacks, an explicit
+// history recording) asked for it, so it costs one relaxed atomic load
+// otherwise. The hook is called before the engine takes its lock, so it may
+// block or take other locks, but it must not allocate through the engine.
+#ifndef TORCHMEM_CORE_CONTEXT_CAPTURE_H_
+#define TORCHMEM_CORE_CONTEXT_CAPTURE_H_
+
+#include <atomic>
+
+#include "torchmem/core/types.h"
+
+namespace torchmem {
+
+using ContextCaptureFn = ContextId (*)();
+
+// Installs the hook (nullptr removes it).
+void SetContextCaptureHook(ContextCaptureFn hook);
+// Reference-counted switch; balanced calls.
+void RequestContextCapture();
+void ReleaseContextCapture();
+bool ContextCaptureRequested();
+
+namespace internal {
+extern std::atomic<int> g_capture_requests;
+extern std::atomic<ContextCaptureFn> g_capture_hook;
+}  // namespace internal
+
+// The context of an allocation made now, or kNoContext.
+inline ContextId CaptureContext() {
+  if (internal::g_capture_requests.load(std::memory_order_relaxed) == 0) return kNoContext;
+  ContextCaptureFn hook = internal::g_capture_hook.load(std::memory_order_acquire);
+  return hook == nullptr ? kNoContext : hook();
+}
+
+}  // namespace torchmem
+
+#endif  // TORCHMEM_CORE_CONTEXT_CAPTURE_H_

@@ -1,0 +1,677 @@
+#include "torchmem/core/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/base/optimization.h"
+#include "absl/strings/str_format.h"
+#include "torchmem/core/context_capture.h"
+#include "torchmem/core/format.h"
+
+namespace torchmem {
+namespace {
+
+std::atomic<OutOfMemoryRetryHook> g_oom_retry_hook{nullptr};
+
+struct EngineRegistry {
+  Mutex mutex;
+  std::vector<Engine*> engines ABSL_GUARDED_BY(mutex);
+};
+
+// Leaked on purpose: engines may outlive static destruction (the torch glue
+// keeps its engines for the life of the process).
+EngineRegistry& Registry() {
+  static EngineRegistry* registry = new EngineRegistry;
+  return *registry;
+}
+
+constexpr std::size_t kBlocksPerChunk = 256;
+
+}  // namespace
+
+void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook) {
+  g_oom_retry_hook.store(hook, std::memory_order_release);
+}
+
+Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
+    : backend_(std::move(backend)), policy_(options.policy), device_name_(backend_->DeviceName()) {
+  if (absl::Status valid = policy_.Validate(); !valid.ok()) {
+    std::fprintf(stderr, "torchmem: invalid size policy: %s\n", valid.ToString().c_str());
+    std::abort();
+  }
+  {
+    MutexLock lock(&mutex_);
+    memory_limit_ = options.memory_limit_bytes;
+  }
+  EngineRegistry& registry = Registry();
+  MutexLock lock(&registry.mutex);
+  registry.engines.push_back(this);
+}
+
+Engine::~Engine() {
+  {
+    EngineRegistry& registry = Registry();
+    MutexLock lock(&registry.mutex);
+    registry.engines.erase(std::remove(registry.engines.begin(), registry.engines.end(), this),
+                           registry.engines.end());
+  }
+  MutexLock lock(&mutex_);
+  for (auto& [stream, queue] : pending_events_) {
+    for (const PendingEvent& pending : queue) backend_->ReleaseEvent(pending.event);
+  }
+  for (auto& [address, segment] : segments_) {
+    (void)backend_->ReleaseSegment(address, segment->size);
+  }
+}
+
+// --- allocation -------------------------------------------------------------
+
+absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
+  if (ABSL_PREDICT_FALSE(size == 0 || size > kMaxRequestBytes)) {
+    if (size == 0) {
+      return absl::InvalidArgumentError(
+          "torchmem: cannot allocate 0 bytes (PyTorch returns a null pointer for empty "
+          "tensors without asking the allocator)");
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "torchmem: cannot allocate %d bytes: requests above %s are rejected; check the "
+        "tensor's shape and dtype",
+        size, FormatBytes(static_cast<std::int64_t>(kMaxRequestBytes))));
+  }
+  const Attribution attribution = CurrentAttribution();
+  const ContextId context = CaptureContext();
+  absl::Status failure;
+  {
+    MutexLock lock(&mutex_);
+    absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context);
+    if (ABSL_PREDICT_TRUE(block.ok())) return reinterpret_cast<void*>((*block)->address);
+    failure = block.status();
+  }
+  if (!absl::IsResourceExhausted(failure)) return failure;
+  // The last rung of the ladder runs without the lock: the hook may run
+  // Python's garbage collector, whose finalizers free memory through us.
+  OutOfMemoryRetryHook hook = g_oom_retry_hook.load(std::memory_order_acquire);
+  if (hook != nullptr && hook()) {
+    MutexLock lock(&mutex_);
+    absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context);
+    if (block.ok()) return reinterpret_cast<void*>((*block)->address);
+    failure = block.status();
+    if (!absl::IsResourceExhausted(failure)) return failure;
+  }
+  MutexLock lock(&mutex_);
+  ++stats_.num_ooms;
+  return absl::ResourceExhaustedError(OutOfMemoryMessage(size, policy_.RoundSize(size), failure));
+}
+
+absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
+                                              const Attribution& attribution,
+                                              ContextId context) {
+  if (outstanding_events_ > 0) ProcessEventsLocked();
+  const std::size_t rounded = policy_.RoundSize(size);
+  const PoolKind pool = policy_.PoolFor(rounded);
+  FreeLists& lists = ListsFor(stream).pools[static_cast<int>(pool)];
+  // Fast path: a block of exactly this size was freed on this stream.
+  Block* block = lists.TakeParkedExact(rounded);
+  if (block == nullptr) {
+    block = TakeBestFit(lists, rounded);
+    if (block == nullptr && lists.parked_count() > 0) {
+      // Parked blocks may merge with their neighbours into a large enough
+      // extent; only then is a new segment needed.
+      while (Block* parked = lists.TakeAnyParked()) InsertMerged(parked);
+      block = TakeBestFit(lists, rounded);
+    }
+    if (block == nullptr) {
+      absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
+      if (!fresh.ok()) return fresh.status();
+      block = *fresh;
+    }
+    if (policy_.ShouldSplit(pool, block->size, rounded)) SplitBlock(block, rounded);
+  }
+  MarkAllocated(block, size, attribution, context);
+  return block;
+}
+
+Block* Engine::TakeBestFit(FreeLists& lists, std::size_t size) {
+  Block* in_tree = lists.BestFitTree(size);
+  Block* parked = lists.BestFitParked(size);
+  if (parked != nullptr && (in_tree == nullptr || parked->size < in_tree->size)) {
+    lists.Unpark(parked);
+    return parked;
+  }
+  if (in_tree != nullptr) lists.TreeErase(in_tree);
+  return in_tree;
+}
+
+absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool,
+                                          StreamId stream) {
+  const std::size_t segment_size = policy_.SegmentSizeFor(rounded_size);
+  if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(stream); !allowed.ok()) {
+    return allowed;
+  }
+  absl::StatusOr<std::uintptr_t> address = BackendAllocate(segment_size, stream);
+  if (!address.ok() && absl::IsResourceExhausted(address.status())) {
+    // Second rung: give every cached segment back, then ask again.
+    ++stats_.num_alloc_retries;
+    SynchronizeAllEvents();
+    MergeAllParked();
+    (void)ReleaseFreeSegments();
+    address = BackendAllocate(segment_size, stream);
+  }
+  if (!address.ok()) return address.status();
+
+  auto segment = std::make_unique<Segment>();
+  segment->address = *address;
+  segment->size = segment_size;
+  segment->pool = pool;
+  segment->stream = stream;
+  segment->lists = &ListsFor(stream).pools[static_cast<int>(pool)];
+  Block* block = NewBlock();
+  block->address = *address;
+  block->size = segment_size;
+  block->segment = segment.get();
+  segment->first = block;
+  blocks_.emplace(block->address, block);
+  segments_.emplace(segment->address, std::move(segment));
+  stats_.segment.Increase(pool, 1);
+  stats_.reserved_bytes.Increase(pool, static_cast<std::int64_t>(segment_size));
+  ++stats_.num_device_alloc;
+  return block;
+}
+
+absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
+                                                       StreamId stream) {
+  const std::int64_t reserved = stats_.reserved_bytes.all().current;
+  if (memory_limit_ != 0 &&
+      static_cast<std::size_t>(reserved) + segment_size > memory_limit_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "a new %s segment would take reserved memory to %s, over the memory limit of %s",
+        FormatBytes(static_cast<std::int64_t>(segment_size)),
+        FormatBytes(reserved + static_cast<std::int64_t>(segment_size)),
+        FormatBytes(static_cast<std::int64_t>(memory_limit_))));
+  }
+  absl::StatusOr<std::uintptr_t> address = backend_->AllocateSegment(segment_size, stream);
+  if (address.ok() && *address % policy_.min_block_size != 0) {
+    (void)backend_->ReleaseSegment(*address, segment_size);
+    return absl::InternalError(absl::StrFormat(
+        "backend %s returned a segment at %#x, not aligned to %d bytes", device_name_, *address,
+        policy_.min_block_size));
+  }
+  return address;
+}
+
+void Engine::SplitBlock(Block* block, std::size_t size) {
+  RemoveInactiveSplit(block);
+  Block* rest = NewBlock();
+  rest->address = block->address + size;
+  rest->size = block->size - size;
+  rest->segment = block->segment;
+  rest->prev = block;
+  rest->next = block->next;
+  if (block->next != nullptr) block->next->prev = rest;
+  block->next = rest;
+  block->size = size;
+  blocks_.emplace(rest->address, rest);
+  AddInactiveSplit(block);
+  AddInactiveSplit(rest);
+  InsertMerged(rest);
+}
+
+void Engine::InsertMerged(Block* block) {
+  FreeLists& lists = *block->segment->lists;
+  // Only indexed neighbours merge: an unindexed free block is one the
+  // engine is handing out right now.
+  auto detach_if_free = [&lists](Block* neighbour) {
+    if (neighbour == nullptr || neighbour->state != BlockState::kFree) return false;
+    if (neighbour->index == FreeIndex::kTree) {
+      lists.TreeErase(neighbour);
+    } else if (neighbour->index == FreeIndex::kParked) {
+      lists.Unpark(neighbour);
+    } else {
+      return false;
+    }
+    return true;
+  };
+  // A parked neighbour may itself touch further free blocks (parked blocks
+  // are not merged), so keep absorbing until both neighbours are in use.
+  while (detach_if_free(block->prev)) {
+    Block* prev = block->prev;
+    AbsorbNeighbour(prev, block);
+    block = prev;
+  }
+  while (detach_if_free(block->next)) AbsorbNeighbour(block, block->next);
+  lists.TreeInsert(block);
+}
+
+void Engine::AbsorbNeighbour(Block* block, Block* neighbour) {
+  RemoveInactiveSplit(block);
+  RemoveInactiveSplit(neighbour);
+  block->size += neighbour->size;
+  block->next = neighbour->next;
+  if (neighbour->next != nullptr) neighbour->next->prev = block;
+  blocks_.erase(neighbour->address);
+  DeleteBlock(neighbour);
+  AddInactiveSplit(block);
+}
+
+void Engine::MarkAllocated(Block* block, std::size_t requested, const Attribution& attribution,
+                           ContextId context) {
+  RemoveInactiveSplit(block);
+  block->state = BlockState::kAllocated;
+  block->requested_size = requested;
+  block->tag = attribution.tag;
+  block->scope = attribution.scope;
+  block->context = context;
+  block->sequence = next_sequence_++;
+  const PoolKind pool = block->pool();
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  const auto requested_bytes = static_cast<std::int64_t>(requested);
+  stats_.allocation.Increase(pool, 1);
+  stats_.allocated_bytes.Increase(pool, bytes);
+  stats_.requested_bytes.Increase(pool, requested_bytes);
+  stats_.active.Increase(pool, 1);
+  stats_.active_bytes.Increase(pool, bytes);
+
+  TagCounters& tag = CountersFor(attribution.tag);
+  tag.current_bytes += bytes;
+  tag.peak_bytes = std::max(tag.peak_bytes, tag.current_bytes);
+  tag.current_requested_bytes += requested_bytes;
+  ++tag.live_blocks;
+  ++tag.total_allocations;
+  tag.total_allocated_bytes += bytes;
+
+  if (attribution.scope != kNoScope) {
+    if (ScopeBlocks* list = ScopeListFor(attribution.scope)) LinkToScope(block, list);
+  }
+}
+
+// --- free -------------------------------------------------------------------
+
+absl::Status Engine::Free(void* ptr) {
+  MutexLock lock(&mutex_);
+  return FreeLocked(ptr, nullptr);
+}
+
+absl::Status Engine::FreeSized(void* ptr, std::size_t requested_size) {
+  MutexLock lock(&mutex_);
+  return FreeLocked(ptr, &requested_size);
+}
+
+absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = blocks_.find(address);
+  if (ABSL_PREDICT_FALSE(it == blocks_.end())) return UnknownPointerError(address);
+  Block* block = it->second;
+  if (ABSL_PREDICT_FALSE(block->state != BlockState::kAllocated)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "torchmem: double free of %#x on %s: the block (%s, allocated as #%d) was already "
+        "freed; each pointer must be freed exactly once",
+        address, device_name_, FormatBytes(static_cast<std::int64_t>(block->size)),
+        block->sequence));
+  }
+  if (requested_size != nullptr && *requested_size != block->requested_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "torchmem: free of %#x on %s with size %d, but it was allocated with size %d; the "
+        "block was not freed",
+        address, device_name_, *requested_size, block->requested_size));
+  }
+  const PoolKind pool = block->pool();
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  const auto requested = static_cast<std::int64_t>(block->requested_size);
+  stats_.allocation.Decrease(pool, 1);
+  stats_.allocated_bytes.Decrease(pool, bytes);
+  stats_.requested_bytes.Decrease(pool, requested);
+
+  TagCounters& tag = tags_[block->tag];
+  tag.current_bytes -= bytes;
+  tag.current_requested_bytes -= requested;
+  --tag.live_blocks;
+
+  if (ABSL_PREDICT_FALSE(!block->stream_uses.empty())) {
+    block->state = BlockState::kPendingFree;
+    RecordPendingEvents(block);
+    if (block->pending_events == 0) MakeReusable(block);
+    return absl::OkStatus();
+  }
+  MakeReusable(block);
+  return absl::OkStatus();
+}
+
+void Engine::MakeReusable(Block* block) {
+  UnlinkFromScope(block);
+  const PoolKind pool = block->pool();
+  stats_.active.Decrease(pool, 1);
+  stats_.active_bytes.Decrease(pool, static_cast<std::int64_t>(block->size));
+  block->state = BlockState::kFree;
+  block->stream_uses.clear();
+  AddInactiveSplit(block);
+  block->segment->lists->Park(block);
+}
+
+absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
+  auto it = segments_.upper_bound(address);
+  if (it != segments_.begin()) {
+    const Segment& segment = *std::prev(it)->second;
+    if (address < segment.address + segment.size) {
+      const Block* block = segment.first;
+      while (block->address + block->size <= address) block = block->next;
+      return absl::NotFoundError(absl::StrFormat(
+          "torchmem: %#x on %s points %d bytes into a %s block at %#x (%s); free the pointer "
+          "that the allocation returned",
+          address, device_name_, address - block->address,
+          FormatBytes(static_cast<std::int64_t>(block->size)), block->address,
+          BlockStateName(block->state)));
+    }
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "torchmem: %#x was not allocated by torchmem on %s (it may belong to another device or "
+      "allocator); nothing was freed",
+      address, device_name_));
+}
+
+// --- streams and events -----------------------------------------------------
+
+absl::Status Engine::RecordStream(void* ptr, StreamId stream) {
+  MutexLock lock(&mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = blocks_.find(address);
+  if (it == blocks_.end()) return UnknownPointerError(address);
+  Block* block = it->second;
+  if (block->state != BlockState::kAllocated) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "torchmem: record_stream on %#x (%s), which is not allocated; record streams "
+        "before freeing",
+        address, device_name_));
+  }
+  if (stream == block->stream()) return absl::OkStatus();
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::RecordPendingEvents(Block* block) {
+  for (StreamId stream : block->stream_uses) {
+    ++block->pending_events;
+    ++outstanding_events_;
+    absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
+    if (event.ok()) {
+      pending_events_[stream].push_back(PendingEvent{*event, block});
+    } else {
+      // The block must not be reused before that stream is done with it:
+      // keep it pending and try recording again later.
+      unrecorded_events_.emplace_back(stream, block);
+    }
+  }
+}
+
+void Engine::ProcessEvents() {
+  MutexLock lock(&mutex_);
+  ProcessEventsLocked();
+}
+
+void Engine::ProcessEventsLocked() {
+  if (!unrecorded_events_.empty()) {
+    std::vector<std::pair<StreamId, Block*>> retry;
+    retry.swap(unrecorded_events_);
+    for (auto [stream, block] : retry) {
+      absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
+      if (event.ok()) {
+        pending_events_[stream].push_back(PendingEvent{*event, block});
+      } else {
+        unrecorded_events_.emplace_back(stream, block);
+      }
+    }
+  }
+  for (auto& [stream, queue] : pending_events_) {
+    while (!queue.empty()) {
+      const PendingEvent pending = queue.front();
+      absl::StatusOr<bool> done = backend_->QueryEvent(pending.event);
+      // A failed query counts as "not yet": the block stays pending.
+      if (!done.ok() || !*done) break;
+      queue.pop_front();
+      backend_->ReleaseEvent(pending.event);
+      --outstanding_events_;
+      if (--pending.block->pending_events == 0) MakeReusable(pending.block);
+    }
+  }
+}
+
+void Engine::SynchronizeAllEvents() {
+  if (outstanding_events_ == 0) return;
+  ++stats_.num_sync_all_streams;
+  for (auto& [stream, queue] : pending_events_) {
+    while (!queue.empty()) {
+      const PendingEvent pending = queue.front();
+      if (!backend_->SynchronizeEvent(pending.event).ok()) break;
+      queue.pop_front();
+      backend_->ReleaseEvent(pending.event);
+      --outstanding_events_;
+      if (--pending.block->pending_events == 0) MakeReusable(pending.block);
+    }
+  }
+}
+
+// --- cache management -------------------------------------------------------
+
+void Engine::MergeCachedBlocks() {
+  MutexLock lock(&mutex_);
+  MergeAllParked();
+}
+
+void Engine::MergeAllParked() {
+  for (auto& [stream, lists] : streams_) {
+    for (FreeLists& pool : lists->pools) {
+      while (Block* parked = pool.TakeAnyParked()) InsertMerged(parked);
+    }
+  }
+}
+
+absl::Status Engine::EmptyCache() {
+  MutexLock lock(&mutex_);
+  ProcessEventsLocked();
+  MergeAllParked();
+  return ReleaseFreeSegments();
+}
+
+absl::Status Engine::ReleaseFreeSegments() {
+  absl::Status first_error;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment& segment = *it->second;
+    Block* block = segment.first;
+    if (block->state != BlockState::kFree || block->IsSplit() ||
+        block->index != FreeIndex::kTree) {
+      ++it;
+      continue;
+    }
+    absl::Status released = backend_->ReleaseSegment(segment.address, segment.size);
+    if (!released.ok()) {
+      if (first_error.ok()) {
+        first_error = absl::Status(
+            released.code(), absl::StrFormat("torchmem: could not release the %s segment at %#x "
+                                             "on %s (it stays cached): %s",
+                                             FormatBytes(static_cast<std::int64_t>(segment.size)),
+                                             segment.address, device_name_, released.message()));
+      }
+      ++it;
+      continue;
+    }
+    segment.lists->TreeErase(block);
+    blocks_.erase(block->address);
+    DeleteBlock(block);
+    stats_.segment.Decrease(segment.pool, 1);
+    stats_.reserved_bytes.Decrease(segment.pool, static_cast<std::int64_t>(segment.size));
+    ++stats_.num_device_free;
+    it = segments_.erase(it);
+  }
+  return first_error;
+}
+
+void Engine::SetMemoryLimit(std::size_t bytes) {
+  MutexLock lock(&mutex_);
+  memory_limit_ = bytes;
+}
+
+absl::Status Engine::SetMemoryFraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "torchmem: memory fraction must be in (0, 1], got %g", fraction));
+  }
+  MutexLock lock(&mutex_);
+  absl::StatusOr<std::size_t> capacity = backend_->Capacity();
+  if (!capacity.ok()) return capacity.status();
+  memory_limit_ = static_cast<std::size_t>(fraction * static_cast<double>(*capacity));
+  return absl::OkStatus();
+}
+
+std::size_t Engine::memory_limit() const {
+  MutexLock lock(&mutex_);
+  return memory_limit_;
+}
+
+// --- bookkeeping helpers ----------------------------------------------------
+
+Engine::StreamLists& Engine::ListsFor(StreamId stream) {
+  if (ABSL_PREDICT_TRUE(last_stream_ != nullptr && last_stream_->stream == stream)) {
+    return *last_stream_;
+  }
+  auto [it, inserted] = streams_.try_emplace(stream, nullptr);
+  if (inserted) {
+    it->second = std::make_unique<StreamLists>();
+    it->second->stream = stream;
+  }
+  last_stream_ = it->second.get();
+  return *last_stream_;
+}
+
+Block* Engine::NewBlock() {
+  if (ABSL_PREDICT_FALSE(spare_blocks_.empty())) {
+    block_chunks_.push_back(std::make_unique<Block[]>(kBlocksPerChunk));
+    Block* chunk = block_chunks_.back().get();
+    for (std::size_t i = kBlocksPerChunk; i > 0; --i) spare_blocks_.push_back(&chunk[i - 1]);
+  }
+  Block* block = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  return block;
+}
+
+void Engine::DeleteBlock(Block* block) {
+  *block = Block{};
+  spare_blocks_.push_back(block);
+}
+
+Engine::TagCounters& Engine::CountersFor(TagId tag) {
+  if (ABSL_PREDICT_FALSE(tag >= tags_.size())) tags_.resize(tag + 1);
+  TagCounters& counters = tags_[tag];
+  counters.seen = true;
+  return counters;
+}
+
+ScopeBlocks* Engine::ScopeListFor(ScopeId scope) {
+  if (last_scope_ != nullptr && last_scope_->scope == scope) return last_scope_;
+  auto it = scopes_.find(scope);
+  if (it == scopes_.end()) {
+    // A thread may still carry a scope that closed (e.g. propagated state
+    // of a finished region): such allocations are tracked by no scope.
+    if (!IsScopeOpen(scope)) return nullptr;
+    auto list = std::make_unique<ScopeBlocks>();
+    list->scope = scope;
+    it = scopes_.emplace(scope, std::move(list)).first;
+  }
+  last_scope_ = it->second.get();
+  return last_scope_;
+}
+
+void Engine::LinkToScope(Block* block, ScopeBlocks* list) {
+  block->scope_list = list;
+  block->scope_prev = nullptr;
+  block->scope_next = list->head;
+  if (list->head != nullptr) list->head->scope_prev = block;
+  list->head = block;
+  ++list->blocks;
+}
+
+void Engine::UnlinkFromScope(Block* block) {
+  ScopeBlocks* list = block->scope_list;
+  if (list == nullptr) return;
+  if (block->scope_prev != nullptr) {
+    block->scope_prev->scope_next = block->scope_next;
+  } else {
+    list->head = block->scope_next;
+  }
+  if (block->scope_next != nullptr) block->scope_next->scope_prev = block->scope_prev;
+  block->scope_list = nullptr;
+  block->scope_prev = block->scope_next = nullptr;
+  --list->blocks;
+}
+
+void Engine::AddInactiveSplit(const Block* block) {
+  if (block->state != BlockState::kFree || !block->IsSplit()) return;
+  stats_.inactive_split.Increase(block->pool(), 1);
+  stats_.inactive_split_bytes.Increase(block->pool(), static_cast<std::int64_t>(block->size));
+}
+
+void Engine::RemoveInactiveSplit(const Block* block) {
+  if (block->state != BlockState::kFree || !block->IsSplit()) return;
+  stats_.inactive_split.Decrease(block->pool(), 1);
+  stats_.inactive_split_bytes.Decrease(block->pool(), static_cast<std::int64_t>(block->size));
+}
+
+BlockInfo Engine::DescribeBlock(const Block& block) {
+  BlockInfo info;
+  info.address = block.address;
+  info.size = block.size;
+  info.stream = block.stream();
+  info.pool = block.pool();
+  info.state = block.state;
+  if (block.state != BlockState::kFree) {
+    info.requested_size = block.requested_size;
+    info.tag = block.tag;
+    info.scope = block.scope;
+    info.context = block.context;
+    info.sequence = block.sequence;
+  }
+  return info;
+}
+
+// --- scopes -----------------------------------------------------------------
+
+ScopeSurvivors Engine::CollectScope(ScopeId scope, ScopeId parent) {
+  ScopeSurvivors survivors;
+  survivors.device = device_name_;
+  MutexLock lock(&mutex_);
+  auto it = scopes_.find(scope);
+  if (it == scopes_.end()) return survivors;
+  std::unique_ptr<ScopeBlocks> list = std::move(it->second);
+  scopes_.erase(it);
+  if (last_scope_ == list.get()) last_scope_ = nullptr;
+  ScopeBlocks* target = parent == kNoScope ? nullptr : ScopeListFor(parent);
+  for (Block* block = list->head; block != nullptr;) {
+    Block* next = block->scope_next;
+    (block->state == BlockState::kAllocated ? survivors.allocated : survivors.pending)
+        .push_back(DescribeBlock(*block));
+    block->scope_list = nullptr;
+    block->scope_prev = block->scope_next = nullptr;
+    if (target != nullptr) LinkToScope(block, target);
+    block = next;
+  }
+  auto by_sequence = [](const BlockInfo& a, const BlockInfo& b) { return a.sequence < b.sequence; };
+  std::sort(survivors.allocated.begin(), survivors.allocated.end(), by_sequence);
+  std::sort(survivors.pending.begin(), survivors.pending.end(), by_sequence);
+  return survivors;
+}
+
+absl::StatusOr<std::vector<ScopeSurvivors>> CloseLeakScope(ScopeId scope) {
+  absl::StatusOr<ScopeId> parent = CloseScope(scope);
+  if (!parent.ok()) return parent.status();
+  std::vector<ScopeSurvivors> result;
+  EngineRegistry& registry = Registry();
+  MutexLock lock(&registry.mutex);
+  for (Engine* engine : registry.engines) result.push_back(engine->CollectScope(scope, *parent));
+  return result;
+}
+
+}  // namespace torchmem

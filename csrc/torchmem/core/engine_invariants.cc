@@ -1,0 +1,247 @@
+// Engine::CheckInvariants: recounts the whole pool and compares it with the
+// engine's structures and statistics. Slow (linear in blocks); meant for
+// tests, fuzzing and debug builds.
+#include <array>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "torchmem/core/engine.h"
+
+namespace torchmem {
+namespace {
+
+absl::Status Violation(const std::string& what) {
+  return absl::InternalError(absl::StrCat("torchmem invariant violated: ", what));
+}
+
+struct Recount {
+  MemoryStats stats;
+  absl::flat_hash_map<TagId, std::array<std::int64_t, 3>> tags;  // bytes, requested, blocks
+  absl::flat_hash_map<const ScopeBlocks*, std::int64_t> scope_blocks;
+  std::size_t blocks = 0;
+  std::size_t free_blocks = 0;
+  std::size_t pending_events = 0;
+};
+
+absl::Status CompareArray(const char* name, const StatArray& expected, const StatArray& actual) {
+  for (int i = 0; i < 1 + kNumPools; ++i) {
+    if (expected.by_type[i].current != actual.by_type[i].current) {
+      return Violation(absl::StrFormat("%s[%d].current is %d, recount gives %d", name, i,
+                                       actual.by_type[i].current, expected.by_type[i].current));
+    }
+    if (actual.by_type[i].peak < actual.by_type[i].current) {
+      return Violation(absl::StrFormat("%s[%d].peak %d is below current %d", name, i,
+                                       actual.by_type[i].peak, actual.by_type[i].current));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const char* IndexName(FreeIndex index) {
+  switch (index) {
+    case FreeIndex::kNone:
+      return "unindexed";
+    case FreeIndex::kTree:
+      return "tree";
+    case FreeIndex::kParked:
+      return "parked";
+  }
+  return "?";
+}
+
+}  // namespace
+
+absl::Status Engine::CheckInvariants(bool require_full_merge) const {
+  MutexLock lock(&mutex_);
+  Recount recount;
+  for (const auto& [address, segment_ptr] : segments_) {
+    const Segment& segment = *segment_ptr;
+    const PoolKind pool = segment.pool;
+    recount.stats.segment.Increase(pool, 1);
+    recount.stats.reserved_bytes.Increase(pool, static_cast<std::int64_t>(segment.size));
+    if (address != segment.address) return Violation("segment keyed under a wrong address");
+    if (segment.first == nullptr || segment.first->prev != nullptr) {
+      return Violation(absl::StrFormat("segment %#x has a bad first block", address));
+    }
+    std::uintptr_t expected = segment.address;
+    for (const Block* block = segment.first; block != nullptr; block = block->next) {
+      ++recount.blocks;
+      if (block->segment != &segment) {
+        return Violation(absl::StrFormat("block %#x points at the wrong segment", block->address));
+      }
+      if (block->address != expected || block->size == 0) {
+        return Violation(absl::StrFormat(
+            "segment %#x: block at %#x (size %d) does not start where the previous ended (%#x)",
+            address, block->address, block->size, expected));
+      }
+      if (block->next != nullptr && block->next->prev != block) {
+        return Violation(absl::StrFormat("block %#x: broken neighbour links", block->address));
+      }
+      auto found = blocks_.find(block->address);
+      if (found == blocks_.end() || found->second != block) {
+        return Violation(absl::StrFormat("block %#x missing from the address map", block->address));
+      }
+      expected += block->size;
+      const auto bytes = static_cast<std::int64_t>(block->size);
+      switch (block->state) {
+        case BlockState::kAllocated: {
+          if (block->index != FreeIndex::kNone || block->pending_events != 0) {
+            return Violation(absl::StrFormat("allocated block %#x is indexed or pending",
+                                             block->address));
+          }
+          recount.stats.allocation.Increase(pool, 1);
+          recount.stats.allocated_bytes.Increase(pool, bytes);
+          recount.stats.requested_bytes.Increase(pool,
+                                                 static_cast<std::int64_t>(block->requested_size));
+          recount.stats.active.Increase(pool, 1);
+          recount.stats.active_bytes.Increase(pool, bytes);
+          auto& tag = recount.tags[block->tag];
+          tag[0] += bytes;
+          tag[1] += static_cast<std::int64_t>(block->requested_size);
+          tag[2] += 1;
+          break;
+        }
+        case BlockState::kPendingFree:
+          if (block->index != FreeIndex::kNone || block->pending_events <= 0) {
+            return Violation(absl::StrFormat("pending block %#x is indexed or has no events",
+                                             block->address));
+          }
+          recount.stats.active.Increase(pool, 1);
+          recount.stats.active_bytes.Increase(pool, bytes);
+          recount.pending_events += static_cast<std::size_t>(block->pending_events);
+          break;
+        case BlockState::kFree: {
+          ++recount.free_blocks;
+          if (block->index == FreeIndex::kNone) {
+            return Violation(absl::StrFormat("free block %#x is in no index", block->address));
+          }
+          if (block->scope_list != nullptr) {
+            return Violation(absl::StrFormat("free block %#x is still in a scope", block->address));
+          }
+          if (block->IsSplit()) {
+            recount.stats.inactive_split.Increase(pool, 1);
+            recount.stats.inactive_split_bytes.Increase(pool, bytes);
+          }
+          for (const Block* neighbour : {block->prev, block->next}) {
+            if (neighbour == nullptr || neighbour->state != BlockState::kFree) continue;
+            if (require_full_merge ||
+                (block->index == FreeIndex::kTree && neighbour->index == FreeIndex::kTree)) {
+              return Violation(absl::StrFormat(
+                  "free blocks %#x (%s) and %#x (%s) are neighbours but not merged",
+                  block->address, IndexName(block->index), neighbour->address,
+                  IndexName(neighbour->index)));
+            }
+          }
+          break;
+        }
+      }
+      if (block->scope_list != nullptr) ++recount.scope_blocks[block->scope_list];
+    }
+    if (expected != segment.address + segment.size) {
+      return Violation(absl::StrFormat("segment %#x: blocks cover %d of its %d bytes", address,
+                                       expected - segment.address, segment.size));
+    }
+  }
+  if (recount.blocks != blocks_.size()) {
+    return Violation(absl::StrFormat("address map holds %d blocks, segments hold %d",
+                                     blocks_.size(), recount.blocks));
+  }
+
+  // Every indexed block is free, belongs to these lists, and is counted once.
+  std::size_t indexed = 0;
+  absl::flat_hash_set<const Block*> seen;
+  for (const auto& [stream, lists] : streams_) {
+    for (int pool = 0; pool < kNumPools; ++pool) {
+      const FreeLists& free_lists = lists->pools[pool];
+      absl::Status status;
+      free_lists.ForEachFree([&](const Block* block) {
+        ++indexed;
+        if (!status.ok()) return;
+        if (!seen.insert(block).second) {
+          status = Violation(absl::StrFormat("block %#x is indexed twice", block->address));
+        } else if (block->state != BlockState::kFree || block->segment->lists != &free_lists) {
+          status = Violation(absl::StrFormat(
+              "block %#x is indexed in the free lists of another stream/pool or is not free",
+              block->address));
+        }
+      });
+      if (!status.ok()) return status;
+    }
+  }
+  if (indexed != recount.free_blocks) {
+    return Violation(absl::StrFormat("%d free blocks but %d indexed", recount.free_blocks, indexed));
+  }
+
+  const MemoryStats& s = stats_;
+  const MemoryStats& r = recount.stats;
+  for (auto [name, expected, actual] :
+       {std::tuple{"allocation", &r.allocation, &s.allocation},
+        std::tuple{"segment", &r.segment, &s.segment}, std::tuple{"active", &r.active, &s.active},
+        std::tuple{"inactive_split", &r.inactive_split, &s.inactive_split},
+        std::tuple{"allocated_bytes", &r.allocated_bytes, &s.allocated_bytes},
+        std::tuple{"reserved_bytes", &r.reserved_bytes, &s.reserved_bytes},
+        std::tuple{"active_bytes", &r.active_bytes, &s.active_bytes},
+        std::tuple{"inactive_split_bytes", &r.inactive_split_bytes, &s.inactive_split_bytes},
+        std::tuple{"requested_bytes", &r.requested_bytes, &s.requested_bytes}}) {
+    if (absl::Status status = CompareArray(name, *expected, *actual); !status.ok()) return status;
+  }
+
+  for (TagId tag = 0; tag < tags_.size(); ++tag) {
+    const TagCounters& counters = tags_[tag];
+    auto it = recount.tags.find(tag);
+    const std::array<std::int64_t, 3> expected =
+        it == recount.tags.end() ? std::array<std::int64_t, 3>{0, 0, 0} : it->second;
+    if (counters.current_bytes != expected[0] || counters.current_requested_bytes != expected[1] ||
+        counters.live_blocks != expected[2]) {
+      return Violation(absl::StrFormat(
+          "tag %d counts %d bytes / %d requested / %d blocks, recount gives %d / %d / %d", tag,
+          counters.current_bytes, counters.current_requested_bytes, counters.live_blocks,
+          expected[0], expected[1], expected[2]));
+    }
+    if (counters.peak_bytes < counters.current_bytes) {
+      return Violation(absl::StrFormat("tag %d peak below current", tag));
+    }
+  }
+  for (const auto& [tag, counts] : recount.tags) {
+    if (tag >= tags_.size()) return Violation(absl::StrFormat("tag %d has no counters", tag));
+  }
+
+  for (const auto& [scope, list] : scopes_) {
+    auto it = recount.scope_blocks.find(list.get());
+    const std::int64_t linked = it == recount.scope_blocks.end() ? 0 : it->second;
+    if (linked != list->blocks) {
+      return Violation(absl::StrFormat("scope %d counts %d blocks, %d are linked to it", scope,
+                                       list->blocks, linked));
+    }
+    std::int64_t walked = 0;
+    for (const Block* block = list->head; block != nullptr; block = block->scope_next) {
+      if (block->scope_list != list.get() || block->state == BlockState::kFree) {
+        return Violation(absl::StrFormat("scope %d links a free or foreign block %#x", scope,
+                                         block->address));
+      }
+      ++walked;
+    }
+    if (walked != list->blocks) {
+      return Violation(absl::StrFormat("scope %d list has %d blocks, counts %d", scope, walked,
+                                       list->blocks));
+    }
+  }
+  for (const auto& [list, count] : recount.scope_blocks) {
+    auto it = scopes_.find(list->scope);
+    if (it == scopes_.end() || it->second.get() != list) {
+      return Violation("a block is linked to a scope the engine does not know");
+    }
+  }
+
+  std::size_t queued = unrecorded_events_.size();
+  for (const auto& [stream, queue] : pending_events_) queued += queue.size();
+  if (queued != outstanding_events_ || queued != recount.pending_events) {
+    return Violation(absl::StrFormat(
+        "%d events queued, %d outstanding, pending blocks wait on %d", queued,
+        outstanding_events_, recount.pending_events));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace torchmem

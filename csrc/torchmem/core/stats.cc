@@ -1,0 +1,67 @@
+#include "torchmem/core/stats.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace torchmem {
+namespace {
+
+// The stat arrays in the order PyTorch's emitter lists them.
+template <typename Stats, typename Fn>
+void ForEachArray(Stats& stats, Fn fn) {
+  fn("allocation", stats.allocation);
+  fn("segment", stats.segment);
+  fn("active", stats.active);
+  fn("inactive_split", stats.inactive_split);
+  fn("allocated_bytes", stats.allocated_bytes);
+  fn("reserved_bytes", stats.reserved_bytes);
+  fn("active_bytes", stats.active_bytes);
+  fn("inactive_split_bytes", stats.inactive_split_bytes);
+  fn("requested_bytes", stats.requested_bytes);
+}
+
+void AppendStat(const std::string& prefix, const Stat& stat,
+                std::vector<std::pair<std::string, std::int64_t>>& out) {
+  out.emplace_back(absl::StrCat(prefix, ".current"), stat.current);
+  out.emplace_back(absl::StrCat(prefix, ".peak"), stat.peak);
+  out.emplace_back(absl::StrCat(prefix, ".allocated"), stat.allocated);
+  out.emplace_back(absl::StrCat(prefix, ".freed"), stat.freed);
+}
+
+}  // namespace
+
+void MemoryStats::ResetPeaks() {
+  ForEachArray(*this, [](const char*, StatArray& array) { array.ResetPeak(); });
+  oversize_allocations.ResetPeak();
+  oversize_segments.ResetPeak();
+}
+
+void MemoryStats::ResetAccumulated() {
+  ForEachArray(*this, [](const char*, StatArray& array) { array.ResetAccumulated(); });
+  oversize_allocations.ResetAccumulated();
+  oversize_segments.ResetAccumulated();
+  num_alloc_retries = 0;
+  num_ooms = 0;
+  num_sync_all_streams = 0;
+  num_device_alloc = 0;
+  num_device_free = 0;
+}
+
+std::vector<std::pair<std::string, std::int64_t>> MemoryStats::Flatten() const {
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  ForEachArray(*this, [&out](const char* name, const StatArray& array) {
+    AppendStat(absl::StrCat(name, ".all"), array.all(), out);
+    AppendStat(absl::StrCat(name, ".small_pool"), array.pool(PoolKind::kSmall), out);
+    AppendStat(absl::StrCat(name, ".large_pool"), array.pool(PoolKind::kLarge), out);
+  });
+  AppendStat("oversize_allocations", oversize_allocations, out);
+  AppendStat("oversize_segments", oversize_segments, out);
+  out.emplace_back("num_alloc_retries", num_alloc_retries);
+  out.emplace_back("num_ooms", num_ooms);
+  out.emplace_back("num_sync_all_streams", num_sync_all_streams);
+  out.emplace_back("num_device_alloc", num_device_alloc);
+  out.emplace_back("num_device_free", num_device_free);
+  out.emplace_back("max_split_size", max_split_size);
+  return out;
+}
+
+}  // namespace torchmem

@@ -1,0 +1,112 @@
+// Memory statistics with PyTorch's vocabulary and meaning.
+//
+// Mirrors c10::CachingDeviceAllocator::DeviceStats so that
+// torchmem.memory_stats() has the keys of torch.cuda.memory_stats():
+//   <name>.<all|small_pool|large_pool>.<current|peak|allocated|freed>
+// for allocation, segment, active, inactive_split, allocated_bytes,
+// reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes, plus
+// oversize_* and the scalar counters.
+//
+// Meanings (torch/cuda/memory.py):
+//   allocation / allocated_bytes: blocks handed out and not yet freed (rounded sizes)
+//   requested_bytes: the sizes callers asked for, before rounding
+//   active / active_bytes: allocated, or freed but waiting on other streams' events
+//   inactive_split / inactive_split_bytes: free blocks inside segments that
+//     are split into several blocks (cannot be released as is)
+//   segment / reserved_bytes: segments obtained from the backend
+// current is the live value, peak its maximum since the last reset,
+// allocated/freed the sums of increases/decreases since the last reset.
+#ifndef TORCHMEM_CORE_STATS_H_
+#define TORCHMEM_CORE_STATS_H_
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "torchmem/core/types.h"
+
+namespace torchmem {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void Increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    peak = std::max(peak, current);
+  }
+  void Decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void ResetPeak() { peak = current; }
+  void ResetAccumulated() { allocated = freed = 0; }
+};
+
+// One Stat for the aggregate and one per pool, indexed like PyTorch's StatType.
+struct StatArray {
+  static constexpr int kAll = 0;
+  std::array<Stat, 1 + kNumPools> by_type;
+
+  static int Index(PoolKind pool) { return 1 + static_cast<int>(pool); }
+  Stat& all() { return by_type[kAll]; }
+  const Stat& all() const { return by_type[kAll]; }
+  Stat& pool(PoolKind p) { return by_type[Index(p)]; }
+  const Stat& pool(PoolKind p) const { return by_type[Index(p)]; }
+
+  void Increase(PoolKind p, std::int64_t amount) {
+    by_type[kAll].Increase(amount);
+    by_type[Index(p)].Increase(amount);
+  }
+  void Decrease(PoolKind p, std::int64_t amount) {
+    by_type[kAll].Decrease(amount);
+    by_type[Index(p)].Decrease(amount);
+  }
+  void ResetPeak() {
+    for (Stat& s : by_type) s.ResetPeak();
+  }
+  void ResetAccumulated() {
+    for (Stat& s : by_type) s.ResetAccumulated();
+  }
+};
+
+struct MemoryStats {
+  StatArray allocation;
+  StatArray segment;
+  StatArray active;
+  StatArray inactive_split;
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;
+  // No block is ever "oversize": torchmem has no max_split_size, like
+  // PyTorch's default configuration.
+  Stat oversize_allocations;
+  Stat oversize_segments;
+
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  // PyTorch reports SIZE_MAX ("no limit") as -1.
+  std::int64_t max_split_size = -1;
+
+  void ResetPeaks();
+  void ResetAccumulated();
+
+  // Flat ("allocated_bytes.all.current" -> value) view, the format of
+  // torch.cuda.memory_stats().
+  std::vector<std::pair<std::string, std::int64_t>> Flatten() const;
+};
+
+}  // namespace torchmem
+
+#endif  // TORCHMEM_CORE_STATS_H_

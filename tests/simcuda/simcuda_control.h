@@ -1,0 +1,88 @@
+/* Control API of the simulated CUDA device (tests/simcuda): what a test uses
+ * to configure the device, drive the completion of stream work, inject faults
+ * and read counters. Exported by the fake libcudart.so.13; C linkage, so C,
+ * C++ and Python (ctypes, see simcuda.py) can call it.
+ *
+ * Calls are thread-safe. Return values of type int are 0 on success, or a
+ * cudaError_t code. "Call names" are API function names ("cudaMalloc",
+ * "cuDevicePrimaryCtxGetState"); names starting with "cu" but not "cuda" are
+ * driver calls and are forwarded to the fake libcuda.so.1.
+ *
+ * Environment variables read when the simulated device is first used:
+ *   SIMCUDA_DEVICE_COUNT   number of devices (default 1; 0 = no device)
+ *   SIMCUDA_MEMORY_BYTES   capacity per device: "80G", "512MiB", "1048576", or
+ *                          a comma list, one per device (default 80 GiB)
+ *   SIMCUDA_EVENT_MODE     "immediate" (default) or "manual"
+ *   SIMCUDA_FAULTS         faults armed at start, "name:key=value:...;..." with
+ *                          keys nth=N, next=K, skip=S, count=C, error=CODE|NAME
+ *                          (e.g. "cudaMalloc:nth=3:error=cudaErrorMemoryAllocation")
+ *   SIMCUDA_TRACE          file to append "<runtime|driver> <call> <count>"
+ *                          lines to at process exit ("%p" = process id)
+ */
+#ifndef TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_
+#define TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SIMCUDA_EVENT_MODE_IMMEDIATE 0
+#define SIMCUDA_EVENT_MODE_MANUAL 1
+
+/* 1: this process runs on the simulated device. */
+int simcuda_is_simulated(void);
+
+/* Devices. Shrinking fails while a removed device has live allocations. */
+int simcuda_set_device_count(int count);
+int simcuda_get_device_count(void);
+
+/* Memory: capacity (device -1 = every device, and devices added later),
+ * bytes in use (charged in 256-byte units), peak, live allocation count. */
+int simcuda_set_memory_capacity(int device, unsigned long long bytes);
+unsigned long long simcuda_get_memory_capacity(int device);
+unsigned long long simcuda_live_bytes(int device);
+unsigned long long simcuda_peak_bytes(int device);
+unsigned long long simcuda_live_allocations(int device);
+void simcuda_reset_peak_bytes(int device);
+
+/* Completion model. Switching to immediate completes all pending work. */
+int simcuda_set_event_mode(int mode);
+int simcuda_get_event_mode(void);
+/* Completes the work submitted so far to `stream` (a cudaStream_t; NULL is
+ * the current device's legacy stream), with the work it waits for. */
+int simcuda_complete_stream(void* stream);
+/* Completes the work an event waits for (a cudaEvent_t). */
+int simcuda_complete_event(void* event);
+/* Completes all work on every device. */
+int simcuda_complete_all(void);
+/* Units of work submitted to `stream` and not yet completed. */
+unsigned long long simcuda_pending_work(void* stream);
+
+/* Fault injection. After `skip` further calls of `call` succeed, the next
+ * `count` calls fail with `error` (a cudaError_t, or a CUresult for driver
+ * calls). Rules for one call apply in the order they were armed. */
+int simcuda_inject_fault(const char* call, unsigned long long skip, unsigned long long count,
+                         int error);
+/* The n-th call from now (n >= 1) fails. */
+int simcuda_fail_nth(const char* call, unsigned long long n, int error);
+/* The next k calls fail. */
+int simcuda_fail_next(const char* call, unsigned long long k, int error);
+void simcuda_clear_faults(void);
+
+/* Per-call counters (every call counts, including failed ones). */
+unsigned long long simcuda_call_count(const char* call);
+void simcuda_reset_call_counts(void);
+/* Appends the trace (see SIMCUDA_TRACE) of both libraries to `path` now. */
+int simcuda_write_trace(const char* path);
+
+/* Back to the configured state: completes all work, ends captures, clears
+ * faults and counters, restores the event mode and capacities from the
+ * environment, clears the calling thread's last error. Live allocations stay
+ * live; the device count is unchanged. */
+void simcuda_reset(void);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_ */

@@ -1,0 +1,68 @@
+// Per-call bookkeeping shared by the fake runtime and the fake driver: call
+// counters, fault injection, the "unsupported" notice and the SIMCUDA_TRACE
+// report. Each library links its own copy, so runtime and driver keep
+// separate registries (the runtime's control API forwards cu* names to the
+// driver's copy).
+//
+// Invariants: a CallSite lives until process exit (never freed, so calls made
+// from other libraries' static destructors stay safe); counting a call is one
+// relaxed atomic add; the fault path takes the registry lock only while a
+// fault is armed for that call.
+#ifndef TORCHMEM_TESTS_SIMCUDA_SRC_COMMON_CALL_REGISTRY_H_
+#define TORCHMEM_TESTS_SIMCUDA_SRC_COMMON_CALL_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace simcuda {
+
+// One entry point of the simulated API.
+struct CallSite {
+  explicit CallSite(std::string n) : name(std::move(n)) {}
+  const std::string name;
+  std::atomic<uint64_t> count{0};
+  std::atomic<bool> fault_armed{false};
+  std::atomic<bool> unsupported{false};  // set when the stub first runs
+
+  // Counts one call. Returns the error code to fail it with (injected fault),
+  // or 0 to let the call proceed.
+  int Hit();
+};
+
+// Returns the site for `name`, creating it on first use. Thread-safe.
+CallSite* RegisterCall(const char* name);
+
+// Count of calls made to `name` so far (0 if never called).
+uint64_t CallCount(const char* name);
+void ResetCallCounts();
+
+// Arms a fault: after `skip` further calls of `name` succeed, the next
+// `count` calls fail with `error`. Rules for one call queue in arming order.
+void ArmFault(const char* name, uint64_t skip, uint64_t count, int error);
+void ClearFaults();
+
+// Parses a SIMCUDA_FAULTS-style spec ("cudaMalloc:nth=3:error=2;..."),
+// arming the rules whose call name `accept` returns true for. Returns false
+// (and prints why) on a malformed spec. `error_by_name` maps an error
+// identifier such as cudaErrorMemoryAllocation to its code (-1 if unknown).
+bool ArmFaultsFromSpec(const char* spec, bool (*accept)(const std::string&),
+                       int (*error_by_name)(const std::string&),
+                       int default_error);
+
+// Prints "simcuda: unsupported <name>" to stderr once per site.
+void ReportUnsupported(CallSite* site);
+
+// Appends "<label> <name> <count>[ unsupported]" lines for every site that
+// was called to `path` ("%p" in the path becomes the process id); <label> is
+// the SIMCUDA_LIBRARY_LABEL the library was compiled with ("runtime" or
+// "driver"). Returns false on I/O error. If SIMCUDA_TRACE is set, this runs
+// by itself when the library is unloaded at process exit.
+bool WriteTrace(const char* path);
+
+// Parses sizes such as "80G", "512MiB", "1048576". Returns false if invalid.
+bool ParseBytes(const char* text, uint64_t* bytes);
+
+}  // namespace simcuda
+
+#endif  // TORCHMEM_TESTS_SIMCUDA_SRC_COMMON_CALL_REGISTRY_H_
