@@ -128,6 +128,14 @@ TagId CurrentThreadTag() {
   return tags.empty() ? kNoTag : tags.back();
 }
 
+Attribution CurrentThreadAttribution() {
+  const ThreadStacks& stacks = Stacks();
+  Attribution result;
+  if (!stacks.tags.empty()) result.tag = stacks.tags.back();
+  if (!stacks.scopes.empty()) result.scope = stacks.scopes.back();
+  return result;
+}
+
 ScopeId OpenScope() {
   std::vector<ScopeId>& scopes = Stacks().scopes;
   const ScopeId scope = g_next_scope_id.fetch_add(1, std::memory_order_relaxed);
@@ -191,10 +199,7 @@ void SetAttributionProvider(AttributionProvider provider) {
 namespace internal {
 
 Attribution SlowCurrentAttribution() {
-  const ThreadStacks& stacks = Stacks();
-  Attribution result;
-  if (!stacks.tags.empty()) result.tag = stacks.tags.back();
-  if (!stacks.scopes.empty()) result.scope = stacks.scopes.back();
+  Attribution result = CurrentThreadAttribution();
   if (result.tag != kNoTag && result.scope != kNoScope) return result;
   // Whatever this thread did not set itself comes from propagated state.
   AttributionProvider provider = g_provider.load(std::memory_order_acquire);

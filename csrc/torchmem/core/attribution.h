@@ -53,6 +53,8 @@ absl::Status PushTag(TagId tag);
 absl::Status PopTag(TagId tag);
 // Innermost tag of this thread's own stack, kNoTag if empty.
 TagId CurrentThreadTag();
+// Innermost tag and scope of this thread's own stacks (no propagated state).
+Attribution CurrentThreadAttribution();
 
 // Opens a scope nested in this thread's innermost open scope.
 ScopeId OpenScope();

@@ -1,0 +1,61 @@
+# The Python extension module torchmem._C and the torch glue it contains.
+#
+# LibTorch comes from the installed torch wheel (no find_package(Torch): its
+# config drags in CUDA/cuDNN detection we do not need). We compile against
+# its headers with its C++ ABI and link only libc10 (CPU allocator registry,
+# ThreadLocalDebugInfo). The CUDA glue needs c10/cuda headers for type checks
+# only and talks to the CUDA runtime directly.
+find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
+
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} -c
+    "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+  OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
+  RESULT_VARIABLE _torch_result)
+if(NOT _torch_result EQUAL 0)
+  message(FATAL_ERROR "torchmem needs torch installed for ${Python3_EXECUTABLE}")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 TORCH_PACKAGE_DIR)
+list(GET _torch_info 1 TORCH_CXX11_ABI)
+
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} -m pybind11 --cmakedir
+  OUTPUT_VARIABLE pybind11_DIR OUTPUT_STRIP_TRAILING_WHITESPACE)
+find_package(pybind11 CONFIG REQUIRED)
+
+add_library(torchmem_torch INTERFACE)
+target_include_directories(torchmem_torch SYSTEM INTERFACE
+  ${TORCH_PACKAGE_DIR}/include
+  ${TORCH_PACKAGE_DIR}/include/torch/csrc/api/include)
+target_compile_definitions(torchmem_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
+target_link_libraries(torchmem_torch INTERFACE ${TORCH_PACKAGE_DIR}/lib/libc10.so)
+
+# Everything below must share the torch wheel's C++ ABI.
+add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
+
+set(TORCHMEM_GLUE_SOURCES
+  csrc/torchmem/torch/attribution_propagation.cc
+  csrc/torchmem/torch/cpu_allocator.cc
+)
+if(TARGET torchmem_cuda_backend)
+  list(APPEND TORCHMEM_GLUE_SOURCES csrc/torchmem/torch/cuda_allocator.cc)
+endif()
+add_library(torchmem_torch_glue STATIC ${TORCHMEM_GLUE_SOURCES})
+target_link_libraries(torchmem_torch_glue PUBLIC torchmem_backends torchmem_torch)
+if(TARGET torchmem_cuda_backend)
+  target_link_libraries(torchmem_torch_glue PUBLIC torchmem_cuda_backend)
+  target_compile_definitions(torchmem_torch_glue PUBLIC TORCHMEM_WITH_CUDA=1)
+endif()
+
+file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.cc)
+pybind11_add_module(_C MODULE ${TORCHMEM_PYTHON_SOURCES})
+target_link_libraries(_C PRIVATE torchmem_torch_glue)
+# CPython's internal frame layout (pycore_frame.h) for GIL-free stack capture.
+target_include_directories(_C PRIVATE ${Python3_INCLUDE_DIRS}/internal)
+# torch's libraries are loaded by `import torch` before torchmem._C; the
+# rpath only helps tools that load the module on its own.
+set_target_properties(_C PROPERTIES
+  BUILD_RPATH "${TORCH_PACKAGE_DIR}/lib"
+  INSTALL_RPATH "${TORCH_PACKAGE_DIR}/lib"
+  LIBRARY_OUTPUT_DIRECTORY ${TORCHMEM_PYTHON_OUTPUT_DIR})

@@ -1,0 +1,34 @@
+// Installing torchmem into PyTorch, the engines behind it, and the
+// garbage-collecting retry on out-of-memory.
+#include "torchmem/core/engine.h"
+#include "torchmem/python/bindings.h"
+#include "torchmem/torch/cpu_allocator.h"
+
+namespace torchmem::python {
+namespace {
+
+// The out-of-memory retry hook: runs Python's garbage collector, which may
+// free tensors held only by reference cycles. Called by the engine without
+// its lock; takes the GIL.
+bool CollectGarbageForRetry() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  py::gil_scoped_acquire gil;
+  const Py_ssize_t collected = PyGC_Collect();
+  return collected > 0;
+}
+
+}  // namespace
+
+void RegisterInstall(py::module_& m) {
+  m.def("install_cpu", []() { ThrowIfError(torch_glue::InstallCpuAllocator()); });
+  m.def("uninstall_cpu", []() { ThrowIfError(torch_glue::UninstallCpuAllocator()); });
+  m.def("cpu_installed", &torch_glue::IsCpuAllocatorInstalled);
+  m.def("cpu_engine", []() { return WrapBorrowedEngine(torch_glue::CpuEngine()); });
+  m.def(
+      "set_gc_retry",
+      [](bool enabled) { SetOutOfMemoryRetryHook(enabled ? &CollectGarbageForRetry : nullptr); },
+      py::arg("enabled"),
+      "When on, an allocation about to fail runs gc.collect() and retries once.");
+}
+
+}  // namespace torchmem::python

@@ -1,0 +1,99 @@
+"""Routing PyTorch's allocations through torchmem.
+
+``install("cpu")`` swaps c10's CPU allocator (reversible); ``install("cuda")``
+hands PyTorch a ``CUDAPluggableAllocator`` built from torchmem's own
+extension module (once per process, before CUDA is initialized, as PyTorch
+requires). Installing also turns on the garbage-collecting retry: an
+allocation about to fail runs ``gc.collect()`` once and retries.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from torchmem import _C
+from torchmem._devices import DeviceLike
+
+_lock = threading.Lock()
+_cuda_installed = False
+
+
+def _device_type(device: DeviceLike) -> str:
+    if device is None:
+        return "cuda"
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        kind = device.split(":", 1)[0]
+        if kind in ("cpu", "cuda"):
+            return kind
+        raise ValueError(f"torchmem.install: unknown device {device!r}; use 'cuda' (default) or 'cpu'")
+    raise TypeError(f"torchmem.install: expected 'cuda' or 'cpu', got {type(device).__name__}")
+
+
+def install(device: DeviceLike = "cuda") -> None:
+    """Routes ``device``'s allocations through torchmem. Installing twice is a no-op.
+
+    ``"cuda"`` must come before anything initializes CUDA (a CUDA tensor, most
+    ``torch.cuda`` calls, some libraries at import time): PyTorch can swap its CUDA
+    allocator only before first use. ``python -m torchmem run script.py`` does it for you.
+    """
+    kind = _device_type(device)
+    with _lock:
+        if kind == "cpu":
+            _C.install_cpu()
+        else:
+            _install_cuda()
+        _C.set_gc_retry(True)
+
+
+def uninstall(device: DeviceLike = "cpu") -> None:
+    """Restores PyTorch's own allocator for new CPU tensors.
+
+    Tensors allocated by torchmem stay valid and are freed by it. CUDA cannot be
+    uninstalled: PyTorch allows one allocator swap per process.
+    """
+    kind = _device_type(device)
+    with _lock:
+        if kind == "cpu":
+            _C.uninstall_cpu()
+        else:
+            raise RuntimeError(
+                "torchmem: the CUDA allocator cannot be uninstalled; PyTorch allows swapping it "
+                "only once per process, before CUDA is initialized"
+            )
+        if not installed_devices():
+            _C.set_gc_retry(False)
+
+
+def is_installed(device: DeviceLike = "cuda") -> bool:
+    kind = _device_type(device)
+    return _C.cpu_installed() if kind == "cpu" else _cuda_installed
+
+
+def installed_devices() -> list[str]:
+    """Device types currently routed through torchmem."""
+    devices = []
+    if _C.cpu_installed():
+        devices.append("cpu")
+    if _cuda_installed:
+        devices.append("cuda")
+    return devices
+
+
+def _install_cuda() -> None:
+    global _cuda_installed
+    if _cuda_installed:
+        return
+    if not hasattr(_C, "cuda_entry_points"):
+        raise RuntimeError("torchmem was built without CUDA support; install('cpu') works without it")
+    if torch.version.cuda is None:
+        raise RuntimeError(
+            f"torchmem.install('cuda') needs a CUDA build of PyTorch; this one ({torch.__version__}) is CPU-only"
+        )
+    from torchmem import _cuda
+
+    _cuda.install_pluggable_allocator()
+    _cuda_installed = True
