@@ -103,6 +103,12 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
   }
   MutexLock lock(&mutex_);
   ++stats_.num_ooms;
+  if (trace_ != nullptr) {
+    const std::int64_t free_cached = stats_.reserved_bytes.all().current -
+                                     stats_.active_bytes.all().current;
+    trace_->Record(TraceAction::kOom, static_cast<std::uintptr_t>(free_cached), size, stream,
+                   context);
+  }
   return absl::ResourceExhaustedError(OutOfMemoryMessage(size, policy_.RoundSize(size), failure));
 }
 
@@ -178,6 +184,9 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   stats_.segment.Increase(pool, 1);
   stats_.reserved_bytes.Increase(pool, static_cast<std::int64_t>(segment_size));
   ++stats_.num_device_alloc;
+  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
+    trace_->Record(TraceAction::kSegmentAlloc, *address, segment_size, stream, kNoContext);
+  }
   return block;
 }
 
@@ -285,6 +294,9 @@ void Engine::MarkAllocated(Block* block, std::size_t requested, const Attributio
   if (attribution.scope != kNoScope) {
     if (ScopeBlocks* list = ScopeListFor(attribution.scope)) LinkToScope(block, list);
   }
+  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
+    trace_->Record(TraceAction::kAlloc, block->address, requested, block->stream(), context);
+  }
 }
 
 // --- free -------------------------------------------------------------------
@@ -324,6 +336,10 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size) {
   stats_.allocated_bytes.Decrease(pool, bytes);
   stats_.requested_bytes.Decrease(pool, requested);
 
+  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
+    trace_->Record(TraceAction::kFreeRequested, block->address, block->size, block->stream(),
+                   block->context);
+  }
   TagCounters& tag = tags_[block->tag];
   tag.current_bytes -= bytes;
   tag.current_requested_bytes -= requested;
@@ -340,6 +356,10 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size) {
 }
 
 void Engine::MakeReusable(Block* block) {
+  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
+    trace_->Record(TraceAction::kFreeCompleted, block->address, block->size, block->stream(),
+                   block->context);
+  }
   UnlinkFromScope(block);
   const PoolKind pool = block->pool();
   stats_.active.Decrease(pool, 1);
@@ -505,9 +525,23 @@ absl::Status Engine::ReleaseFreeSegments() {
     stats_.segment.Decrease(segment.pool, 1);
     stats_.reserved_bytes.Decrease(segment.pool, static_cast<std::int64_t>(segment.size));
     ++stats_.num_device_free;
+    if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
+      trace_->Record(TraceAction::kSegmentFree, segment.address, segment.size, segment.stream,
+                     kNoContext);
+    }
     it = segments_.erase(it);
   }
   return first_error;
+}
+
+void Engine::SetTraceCapacity(std::size_t max_entries) {
+  MutexLock lock(&mutex_);
+  trace_ = max_entries == 0 ? nullptr : std::make_unique<TraceRing>(max_entries);
+}
+
+std::vector<TraceEntry> Engine::GetTrace() const {
+  MutexLock lock(&mutex_);
+  return trace_ == nullptr ? std::vector<TraceEntry>{} : trace_->Entries();
 }
 
 void Engine::SetMemoryLimit(std::size_t bytes) {

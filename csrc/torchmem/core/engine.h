@@ -49,6 +49,7 @@
 #include "torchmem/core/reports.h"
 #include "torchmem/core/size_policy.h"
 #include "torchmem/core/stats.h"
+#include "torchmem/core/trace.h"
 
 namespace torchmem {
 
@@ -133,6 +134,9 @@ class Engine {
   std::vector<SegmentInfo> GetSegments() const;
   // Metadata of the allocated block at `ptr` (NotFound if none).
   absl::StatusOr<BlockInfo> GetBlock(const void* ptr) const;
+  // The segment containing `ptr` (NotFound if none): PyTorch's
+  // getBaseAllocation, used to share memory between processes.
+  absl::StatusOr<SegmentInfo> SegmentContaining(const void* ptr) const;
   // Blocks currently allocated (not pending), in allocation order.
   std::vector<BlockInfo> GetAllocatedBlocks() const;
 
@@ -148,6 +152,11 @@ class Engine {
   absl::Status CheckInvariants(bool require_full_merge = false) const;
   // Merges all parked blocks into the best-fit tree.
   void MergeCachedBlocks();
+
+  // Keeps the last `max_entries` events (alloc, free, segment, oom) in a
+  // ring; 0 turns recording off and drops the history.
+  void SetTraceCapacity(std::size_t max_entries);
+  std::vector<TraceEntry> GetTrace() const;
 
   const SizePolicy& policy() const { return policy_; }
   std::string DeviceName() const { return device_name_; }
@@ -219,6 +228,7 @@ class Engine {
   std::size_t memory_limit_ ABSL_GUARDED_BY(mutex_) = 0;
   MemoryStats stats_ ABSL_GUARDED_BY(mutex_);
   std::uint64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::unique_ptr<TraceRing> trace_ ABSL_GUARDED_BY(mutex_);
 
   // Every block of every segment, free or not, by address.
   absl::flat_hash_map<std::uintptr_t, Block*> blocks_ ABSL_GUARDED_BY(mutex_);

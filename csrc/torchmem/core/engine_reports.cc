@@ -177,6 +177,25 @@ absl::StatusOr<BlockInfo> Engine::GetBlock(const void* ptr) const {
   return DescribeBlock(*it->second);
 }
 
+absl::StatusOr<SegmentInfo> Engine::SegmentContaining(const void* ptr) const {
+  MutexLock lock(&mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = segments_.upper_bound(address);
+  if (it != segments_.begin()) {
+    const Segment& segment = *std::prev(it)->second;
+    if (address < segment.address + segment.size) {
+      SegmentInfo info;
+      info.address = segment.address;
+      info.size = segment.size;
+      info.pool = segment.pool;
+      info.stream = segment.stream;
+      return info;
+    }
+  }
+  return absl::NotFoundError(
+      absl::StrFormat("torchmem: %#x is in no segment of %s", address, device_name_));
+}
+
 std::vector<BlockInfo> Engine::GetAllocatedBlocks() const {
   MutexLock lock(&mutex_);
   std::vector<BlockInfo> blocks;

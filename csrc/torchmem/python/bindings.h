@@ -29,6 +29,9 @@ py::object WrapBorrowedEngine(Engine& engine);
 void RegisterEngine(py::module_& m);
 void RegisterAttribution(py::module_& m);
 void RegisterInstall(py::module_& m);
+#ifdef TORCHMEM_WITH_CUDA
+void RegisterCuda(py::module_& m);
+#endif
 
 // Raises the Python exception for an error status: ValueError for bad
 // arguments and unknown pointers, torch.OutOfMemoryError when out of

@@ -242,6 +242,30 @@ void RegisterEngine(py::module_& m) {
           },
           py::arg("address"))
       .def(
+          "set_trace_capacity",
+          [](EngineHandle& h, std::size_t max_entries) { h->SetTraceCapacity(max_entries); },
+          py::arg("max_entries"), "Records the last `max_entries` events; 0 stops recording.")
+      .def("trace",
+           [](EngineHandle& h) {
+             std::vector<TraceEntry> entries;
+             {
+               py::gil_scoped_release release;
+               entries = h->GetTrace();
+             }
+             py::list out;
+             for (const TraceEntry& entry : entries) {
+               py::dict d;
+               d["action"] = TraceActionName(entry.action);
+               d["addr"] = entry.address;
+               d["size"] = entry.size;
+               d["stream"] = entry.stream;
+               d["context"] = entry.context;
+               d["time_us"] = entry.time_us;
+               out.append(d);
+             }
+             return out;
+           })
+      .def(
           "check_invariants",
           [](EngineHandle& h, bool require_full_merge) {
             absl::Status status;

@@ -1,0 +1,5 @@
+# CudaBackend: the only code that includes CUDA headers. It links the
+# *shared* CUDA runtime (CUDA::cudart), never the static one, so that the
+# simulated runtime in tests/simcuda can stand in for it with LD_PRELOAD.
+add_library(torchmem_cuda_backend STATIC csrc/torchmem/backends/cuda_backend.cc)
+target_link_libraries(torchmem_cuda_backend PUBLIC torchmem_core CUDA::cudart)

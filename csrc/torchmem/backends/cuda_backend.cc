@@ -1,0 +1,139 @@
+#include "torchmem/backends/cuda_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "torchmem/core/format.h"
+
+namespace torchmem {
+namespace {
+
+// Makes `device` current for the scope of the guard, restoring the
+// previous one after, as PyTorch's CUDAGuard does.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) status_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && status_ == cudaSuccess) (void)cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+cudaStream_t AsStream(StreamId stream) { return reinterpret_cast<cudaStream_t>(stream); }
+cudaEvent_t AsEvent(EventId event) { return reinterpret_cast<cudaEvent_t>(event); }
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {}
+
+CudaBackend::~CudaBackend() {
+  DeviceGuard guard(device_);
+  for (cudaEvent_t event : spare_events_) (void)cudaEventDestroy(event);
+}
+
+std::string CudaBackend::DeviceName() const { return absl::StrCat("cuda:", device_); }
+
+absl::Status CudaBackend::CudaError(cudaError_t error, const std::string& call) const {
+  // Clear the sticky "last error" so that PyTorch's own error checks after
+  // our call do not report our (handled) failure as theirs.
+  (void)cudaGetLastError();
+  const std::string message =
+      absl::StrFormat("%s on %s failed: %s (%s)", call, DeviceName(), cudaGetErrorName(error),
+                      cudaGetErrorString(error));
+  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+absl::StatusOr<std::uintptr_t> CudaBackend::AllocateSegment(std::size_t size, StreamId stream) {
+  (void)stream;
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  void* ptr = nullptr;
+  const cudaError_t error = cudaMalloc(&ptr, size);
+  if (error != cudaSuccess) {
+    return CudaError(error, absl::StrCat("cudaMalloc(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
+  }
+  return reinterpret_cast<std::uintptr_t>(ptr);
+}
+
+absl::Status CudaBackend::ReleaseSegment(std::uintptr_t address, std::size_t size) {
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  const cudaError_t error = cudaFree(reinterpret_cast<void*>(address));
+  if (error != cudaSuccess) {
+    return CudaError(error, absl::StrFormat("cudaFree(%#x, %s)", address,
+                                            FormatBytes(static_cast<std::int64_t>(size))));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> CudaBackend::Capacity() {
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (error != cudaSuccess) return CudaError(error, "cudaMemGetInfo");
+  return total_bytes;
+}
+
+absl::Status CudaBackend::CheckSegmentAllocationAllowed(StreamId stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t error = cudaStreamIsCapturing(AsStream(stream), &capture);
+  if (error != cudaSuccess) return CudaError(error, "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "torchmem: a new segment is needed on %s while stream %#x is being captured into a CUDA "
+      "graph; cudaMalloc would invalidate the capture. torchmem does not give graphs private "
+      "memory pools: run one warm-up iteration before capturing so the cache already holds the "
+      "memory, or capture graphs without torchmem installed",
+      DeviceName(), stream));
+}
+
+absl::StatusOr<EventId> CudaBackend::RecordEvent(StreamId stream) {
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  cudaEvent_t event = nullptr;
+  if (!spare_events_.empty()) {
+    event = spare_events_.back();
+    spare_events_.pop_back();
+  } else {
+    const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (error != cudaSuccess) return CudaError(error, "cudaEventCreateWithFlags");
+  }
+  const cudaError_t error = cudaEventRecord(event, AsStream(stream));
+  if (error != cudaSuccess) {
+    spare_events_.push_back(event);
+    return CudaError(error, absl::StrFormat("cudaEventRecord(stream %#x)", stream));
+  }
+  return reinterpret_cast<EventId>(event);
+}
+
+absl::StatusOr<bool> CudaBackend::QueryEvent(EventId event) {
+  const cudaError_t error = cudaEventQuery(AsEvent(event));
+  if (error == cudaSuccess) return true;
+  if (error == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return CudaError(error, "cudaEventQuery");
+}
+
+absl::Status CudaBackend::SynchronizeEvent(EventId event) {
+  const cudaError_t error = cudaEventSynchronize(AsEvent(event));
+  if (error != cudaSuccess) return CudaError(error, "cudaEventSynchronize");
+  return absl::OkStatus();
+}
+
+void CudaBackend::ReleaseEvent(EventId event) { spare_events_.push_back(AsEvent(event)); }
+
+}  // namespace torchmem

@@ -1,0 +1,73 @@
+// The optional event trace (PyTorch's device_traces vocabulary).
+#include "gtest/gtest.h"
+#include "tests/cpp/support/engine_fixture.h"
+
+namespace torchmem {
+namespace {
+
+using testing::EngineTest;
+
+std::vector<TraceAction> Actions(const std::vector<TraceEntry>& entries) {
+  std::vector<TraceAction> actions;
+  for (const TraceEntry& entry : entries) actions.push_back(entry.action);
+  return actions;
+}
+
+TEST_F(EngineTest, TraceIsOffByDefault) {
+  Free(Allocate(4096));
+  EXPECT_TRUE(engine_->GetTrace().empty());
+}
+
+TEST_F(EngineTest, TraceRecordsTheLifeOfABlockAndItsSegment) {
+  engine_->SetTraceCapacity(100);
+  void* ptr = Allocate(1000, /*stream=*/3);
+  Free(ptr);
+  ASSERT_TRUE(engine_->EmptyCache().ok());
+  const std::vector<TraceEntry> trace = engine_->GetTrace();
+  EXPECT_EQ(Actions(trace),
+            (std::vector<TraceAction>{TraceAction::kSegmentAlloc, TraceAction::kAlloc,
+                                      TraceAction::kFreeRequested, TraceAction::kFreeCompleted,
+                                      TraceAction::kSegmentFree}));
+  EXPECT_EQ(trace[0].size, 2 * kMiB);
+  EXPECT_EQ(trace[1].address, Address(ptr));
+  EXPECT_EQ(trace[1].size, 1000u);  // requested size, as in PyTorch
+  EXPECT_EQ(trace[1].stream, 3u);
+  EXPECT_EQ(trace[2].size, 1024u);
+  EXPECT_LE(trace[0].time_us, trace[4].time_us);
+}
+
+TEST_F(EngineTest, TraceSeparatesFreeRequestedFromCompletedAcrossStreams) {
+  engine_->SetTraceCapacity(100);
+  void* ptr = Allocate(4096);
+  ASSERT_TRUE(engine_->RecordStream(ptr, 9).ok());
+  Free(ptr);
+  EXPECT_EQ(Actions(engine_->GetTrace()).back(), TraceAction::kFreeRequested);
+  backend_->CompleteStream(9);
+  engine_->ProcessEvents();
+  EXPECT_EQ(Actions(engine_->GetTrace()).back(), TraceAction::kFreeCompleted);
+}
+
+TEST_F(EngineTest, TraceKeepsTheNewestEntriesWhenFull) {
+  engine_->SetTraceCapacity(3);
+  for (int i = 0; i < 5; ++i) Free(Allocate(4096));
+  const std::vector<TraceEntry> trace = engine_->GetTrace();
+  ASSERT_EQ(trace.size(), 3u);
+  EXPECT_EQ(Actions(trace), (std::vector<TraceAction>{TraceAction::kAlloc,
+                                                      TraceAction::kFreeRequested,
+                                                      TraceAction::kFreeCompleted}));
+  engine_->SetTraceCapacity(0);
+  EXPECT_TRUE(engine_->GetTrace().empty());
+}
+
+TEST_F(EngineTest, TraceRecordsOutOfMemory) {
+  engine_->SetTraceCapacity(10);
+  engine_->SetMemoryLimit(kMiB);
+  EXPECT_FALSE(engine_->Allocate(4096).ok());
+  const std::vector<TraceEntry> trace = engine_->GetTrace();
+  ASSERT_EQ(trace.size(), 1u);
+  EXPECT_EQ(trace[0].action, TraceAction::kOom);
+  EXPECT_EQ(trace[0].size, 4096u);
+}
+
+}  // namespace
+}  // namespace torchmem
