@@ -198,6 +198,16 @@ void SetAttributionProvider(AttributionProvider provider) {
 
 namespace internal {
 
+void LockAttributionForFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Scopes().mutex.Lock();
+  Tags().mutex.Lock();
+}
+
+void UnlockAttributionAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Tags().mutex.Unlock();
+  Scopes().mutex.Unlock();
+}
+
 Attribution SlowCurrentAttribution() {
   Attribution result = CurrentThreadAttribution();
   if (result.tag != kNoTag && result.scope != kNoScope) return result;

@@ -71,6 +71,9 @@ using AttributionProvider = bool (*)(Attribution* out);
 void SetAttributionProvider(AttributionProvider provider);
 
 namespace internal {
+// Hold / release the tag and scope registries around fork() (fork_safety.cc).
+void LockAttributionForFork();
+void UnlockAttributionAfterFork();
 // Count of tags pushed and scopes opened, over all threads. Lets the hot
 // path skip everything when nothing is attributed anywhere.
 extern std::atomic<int> g_open_frames;

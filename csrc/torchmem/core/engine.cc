@@ -9,6 +9,7 @@
 #include "absl/base/optimization.h"
 #include "absl/strings/str_format.h"
 #include "torchmem/core/context_capture.h"
+#include "torchmem/core/fork_safety.h"
 #include "torchmem/core/format.h"
 
 namespace torchmem {
@@ -46,6 +47,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
     MutexLock lock(&mutex_);
     memory_limit_ = options.memory_limit_bytes;
   }
+  InstallForkHandlers();
   EngineRegistry& registry = Registry();
   MutexLock lock(&registry.mutex);
   registry.engines.push_back(this);
@@ -697,6 +699,24 @@ ScopeSurvivors Engine::CollectScope(ScopeId scope, ScopeId parent) {
   std::sort(survivors.pending.begin(), survivors.pending.end(), by_sequence);
   return survivors;
 }
+
+namespace internal {
+
+void LockEnginesForFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  EngineRegistry& registry = Registry();
+  registry.mutex.Lock();
+  for (Engine* engine : registry.engines) engine->LockForFork();
+}
+
+void UnlockEnginesAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  EngineRegistry& registry = Registry();
+  for (auto it = registry.engines.rbegin(); it != registry.engines.rend(); ++it) {
+    (*it)->UnlockAfterFork();
+  }
+  registry.mutex.Unlock();
+}
+
+}  // namespace internal
 
 absl::StatusOr<std::vector<ScopeSurvivors>> CloseLeakScope(ScopeId scope) {
   absl::StatusOr<ScopeId> parent = CloseScope(scope);

@@ -159,6 +159,12 @@ class Engine {
   std::vector<TraceEntry> GetTrace() const;
 
   const SizePolicy& policy() const { return policy_; }
+
+  // fork() support (see fork_safety.cc): hold / release the engine's lock
+  // around fork() so the child never inherits it held by a thread that does
+  // not exist there.
+  void LockForFork() ABSL_EXCLUSIVE_LOCK_FUNCTION(mutex_) { mutex_.Lock(); }
+  void UnlockAfterFork() ABSL_UNLOCK_FUNCTION(mutex_) { mutex_.Unlock(); }
   std::string DeviceName() const { return device_name_; }
 
  private:
