@@ -29,6 +29,7 @@ py::object WrapBorrowedEngine(Engine& engine);
 void RegisterEngine(py::module_& m);
 void RegisterAttribution(py::module_& m);
 void RegisterInstall(py::module_& m);
+void RegisterCapture(py::module_& m);
 #ifdef TORCHMEM_WITH_CUDA
 void RegisterCuda(py::module_& m);
 #endif

@@ -9,12 +9,18 @@ namespace {
 
 // The out-of-memory retry hook: runs Python's garbage collector, which may
 // free tensors held only by reference cycles. Called by the engine without
-// its lock; takes the GIL.
+// its lock; takes the GIL. gc.collect() rather than PyGC_Collect(): the
+// latter does nothing while gc is disabled, which is exactly when training
+// loops that disable it for speed accumulate cycles.
 bool CollectGarbageForRetry() {
   if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
   py::gil_scoped_acquire gil;
-  const Py_ssize_t collected = PyGC_Collect();
-  return collected > 0;
+  try {
+    const auto collected = py::module_::import("gc").attr("collect")().cast<Py_ssize_t>();
+    return collected > 0;
+  } catch (const py::error_already_set&) {
+    return false;  // e.g. a finalizer raised; the allocation fails as it would have
+  }
 }
 
 }  // namespace

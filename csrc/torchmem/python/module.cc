@@ -8,4 +8,8 @@ PYBIND11_MODULE(_C, m) {
   torchmem::python::RegisterEngine(m);
   torchmem::python::RegisterAttribution(m);
   torchmem::python::RegisterInstall(m);
+  torchmem::python::RegisterCapture(m);
+#ifdef TORCHMEM_WITH_CUDA
+  torchmem::python::RegisterCuda(m);
+#endif
 }
