@@ -1,0 +1,190 @@
+"""Which reference cycle held a block that only ``gc.collect()`` freed.
+
+Given the objects the collector found unreachable (kept with ``gc.DEBUG_SAVEALL``) and the
+blocks, finds for each block the nearest object above its tensors that lies on a cycle,
+the path from it down to the tensor, and the shortest cycle through it, rendered as an
+expression that evaluates back to the same object.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Iterable
+
+from torchmem._leak_paths import Owner, edge_labels, render_path
+from torchmem._leak_tensors import BlockIndex, locate_tensors
+
+
+@dataclass(frozen=True)
+class CycleHolder:
+    """How unreachable garbage held a block: the cycle member closest to the block, the
+    path from it (``owner``), the types in the cycle and the cycle as an expression."""
+
+    owner: Owner
+    cycle_types: tuple
+    cycle: str
+
+
+
+# --- unreachable cycles ----------------------------------------------------------------
+
+
+def _strongly_connected(nodes: list[int], edges: dict[int, list[int]]) -> dict[int, int]:
+    """Node -> component number (iterative Tarjan)."""
+    index_of: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    component: dict[int, int] = {}
+    counter = 0
+    for root in nodes:
+        if root in index_of:
+            continue
+        work = [(root, iter(edges.get(root, ())))]
+        index_of[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            advanced = False
+            for successor in successors:
+                if successor not in index_of:
+                    index_of[successor] = low[successor] = counter
+                    counter += 1
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(edges.get(successor, ()))))
+                    advanced = True
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index_of[successor])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index_of[node]:
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component[member] = node
+                    if member == node:
+                        break
+    return component
+
+
+def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
+    """For blocks used by tensors in ``garbage`` (objects ``gc`` found unreachable, saved
+    with ``gc.DEBUG_SAVEALL``): the nearest cycle member above the tensor, the path from
+    it, and the cycle. Returns ``{(device, address): CycleHolder}``."""
+    index = BlockIndex(blocks)
+    starts = locate_tensors(index, garbage)
+    if not starts:
+        return {}
+    by_id = {id(obj): obj for obj in garbage}
+    forward: dict[int, list[int]] = {}
+    backward: dict[int, list[int]] = defaultdict(list)
+    for obj in garbage:
+        successors = [id(child) for child in gc.get_referents(obj) if id(child) in by_id]
+        forward[id(obj)] = successors
+        for successor in successors:
+            backward[successor].append(id(obj))
+    component = _strongly_connected(list(by_id), forward)
+    sizes: dict[int, int] = defaultdict(int)
+    for root in component.values():
+        sizes[root] += 1
+
+    def on_cycle(node: int) -> bool:
+        return sizes[component[node]] > 1 or node in forward.get(node, ())
+
+    holders = {}
+    for key, entries in starts.items():
+        holder = _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle)
+        if holder is not None:
+            holders[key] = holder
+    return holders
+
+
+def _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle) -> CycleHolder | None:
+    down: dict[int, tuple] = {}
+    queue: deque[int] = deque()
+    for obj, suffix in entries:
+        if id(obj) in by_id and id(obj) not in down:
+            down[id(obj)] = (None, suffix)
+            queue.append(id(obj))
+    while queue:
+        node = queue.popleft()
+        if on_cycle(node):
+            node = _owner_of_namespace(node, down, by_id, backward, on_cycle)
+            below = _labels_down(node, down, by_id)
+            member = by_id[node]
+            owner = Owner(render_path(f"<{type(member).__name__}>", below), "cycle")
+            types_in_cycle, expression = _describe_cycle(node, by_id, forward, component)
+            return CycleHolder(owner=owner, cycle_types=types_in_cycle, cycle=expression)
+        for parent in backward.get(node, ()):
+            if parent not in down:
+                down[parent] = (node, ())
+                queue.append(parent)
+    return None
+
+
+def _owner_of_namespace(node: int, down: dict, by_id: dict, backward: dict, on_cycle) -> int:
+    """An instance's ``__dict__`` says less than the instance: step up to it when both are
+    on the cycle (``<BinaryAccuracy>.tp`` rather than ``<dict>['tp']``)."""
+    if not isinstance(by_id[node], dict):
+        return node
+    for parent in backward.get(node, ()):
+        if on_cycle(parent) and edge_labels(by_id[parent], by_id[node]) == [("dictof",)]:
+            down.setdefault(parent, (node, ()))
+            return parent
+    return node
+
+
+def _labels_down(node: int, down: dict, by_id: dict) -> list[tuple]:
+    labels: list[tuple] = []
+    while True:
+        child, suffix = down[node]
+        if child is None:
+            return labels + list(suffix)
+        labels.extend(edge_labels(by_id[node], by_id[child]))
+        node = child
+
+
+def _describe_cycle(start: int, by_id, forward, component) -> tuple[tuple, str]:
+    """The shortest cycle through ``start``: the types on it, and it as an expression that
+    evaluates back to the start object."""
+    previous: dict[int, int] = {}
+    queue: deque[int] = deque([start])
+    same = component[start]
+    closing = None
+    while queue and closing is None:
+        node = queue.popleft()
+        for successor in forward.get(node, ()):
+            if successor == start:
+                closing = node
+                break
+            if successor not in previous and component.get(successor) == same:
+                previous[successor] = node
+                queue.append(successor)
+    path = [start]
+    if closing is not None:
+        chain = []
+        node = closing
+        while node != start:
+            chain.append(node)
+            node = previous[node]
+        path.extend(reversed(chain))
+    path.append(start)
+    labels: list[tuple] = []
+    for parent, child in zip(path, path[1:]):
+        labels.extend(edge_labels(by_id[parent], by_id[child]))
+    names = []
+    for node in path[:-1]:
+        name = type(by_id[node]).__name__
+        if name not in names:
+            names.append(name)
+    first = type(by_id[start]).__name__
+    return tuple(names), f"{render_path(first, labels)} is the same {first}"
