@@ -59,6 +59,7 @@ _EXPORTS = {
     "summary": "torchmem._summary",
     "snapshot": "torchmem._snapshot",
     "dump_snapshot": "torchmem._snapshot",
+    "record_trace": "torchmem._snapshot",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
