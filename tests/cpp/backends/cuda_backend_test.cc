@@ -1,0 +1,239 @@
+// CudaBackend and an engine over it, on the simulated CUDA device
+// (tests/simcuda, preloaded by CTest; see tests/cpp/CMakeLists.txt).
+//
+// The program links NVIDIA's shared libcudart; the preloaded simulated
+// runtime answers instead, and its control API (simcuda_*) is looked up at
+// run time so the test also fails clearly when it is not preloaded.
+#include "torchmem/backends/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "torchmem/core/engine.h"
+
+namespace torchmem {
+namespace {
+
+// The simulated device's control API, resolved from the preloaded runtime.
+struct SimCuda {
+  int (*set_memory_capacity)(int, unsigned long long);
+  unsigned long long (*live_bytes)(int);
+  int (*set_event_mode)(int);
+  int (*complete_stream)(void*);
+  int (*fail_next)(const char*, unsigned long long, int);
+  unsigned long long (*call_count)(const char*);
+  void (*reset)();
+
+  static const SimCuda& Get() {
+    static const SimCuda api = [] {
+      SimCuda s{};
+      auto resolve = [](const char* name) {
+        void* symbol = dlsym(RTLD_DEFAULT, name);
+        if (symbol == nullptr) {
+          ADD_FAILURE() << name << " not found: run this test with tests/simcuda's libcudart.so.13 "
+                        << "and libcuda.so.1 in LD_PRELOAD (ctest does this)";
+        }
+        return symbol;
+      };
+      s.set_memory_capacity = reinterpret_cast<decltype(s.set_memory_capacity)>(
+          resolve("simcuda_set_memory_capacity"));
+      s.live_bytes = reinterpret_cast<decltype(s.live_bytes)>(resolve("simcuda_live_bytes"));
+      s.set_event_mode = reinterpret_cast<decltype(s.set_event_mode)>(resolve("simcuda_set_event_mode"));
+      s.complete_stream =
+          reinterpret_cast<decltype(s.complete_stream)>(resolve("simcuda_complete_stream"));
+      s.fail_next = reinterpret_cast<decltype(s.fail_next)>(resolve("simcuda_fail_next"));
+      s.call_count = reinterpret_cast<decltype(s.call_count)>(resolve("simcuda_call_count"));
+      s.reset = reinterpret_cast<decltype(s.reset)>(resolve("simcuda_reset"));
+      return s;
+    }();
+    return api;
+  }
+};
+
+constexpr int kManualEvents = 1;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(SimCuda::Get().reset, nullptr);
+    SimCuda::Get().reset();
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  }
+  void TearDown() override { SimCuda::Get().reset(); }
+  const SimCuda& sim() { return SimCuda::Get(); }
+};
+
+TEST_F(CudaBackendTest, SegmentsAreDeviceMemoryOfItsDevice) {
+  CudaBackend backend(0);
+  const unsigned long long before = sim().live_bytes(0);
+  absl::StatusOr<std::uintptr_t> segment = backend.AllocateSegment(2 * kMiB, 0);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(*segment % 512, 0u);
+  EXPECT_EQ(sim().live_bytes(0), before + 2 * kMiB);
+  ASSERT_TRUE(backend.ReleaseSegment(*segment, 2 * kMiB).ok());
+  EXPECT_EQ(sim().live_bytes(0), before);
+  EXPECT_EQ(backend.DeviceName(), "cuda:0");
+}
+
+TEST_F(CudaBackendTest, CapacityIsTheDevicesTotalMemory) {
+  ASSERT_EQ(sim().set_memory_capacity(0, 3ull << 30), 0);
+  CudaBackend backend(0);
+  absl::StatusOr<std::size_t> capacity = backend.Capacity();
+  ASSERT_TRUE(capacity.ok());
+  EXPECT_EQ(*capacity, std::size_t{3} << 30);
+}
+
+TEST_F(CudaBackendTest, OutOfMemoryIsResourceExhaustedAndLeavesNoStickyError) {
+  ASSERT_EQ(sim().set_memory_capacity(0, 4 * kMiB), 0);
+  CudaBackend backend(0);
+  absl::StatusOr<std::uintptr_t> segment = backend.AllocateSegment(8 * kMiB, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(segment.status()));
+  EXPECT_TRUE(absl::StrContains(segment.status().message(), "cudaErrorMemoryAllocation"))
+      << segment.status();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // PyTorch's next check must not see it
+}
+
+TEST_F(CudaBackendTest, SegmentsGoToTheBackendsDeviceAndTheCurrentDeviceIsRestored) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  ASSERT_GE(count, 2) << "ctest runs this with SIMCUDA_DEVICE_COUNT=2";
+  CudaBackend backend(1);
+  const unsigned long long before = sim().live_bytes(1);
+  absl::StatusOr<std::uintptr_t> segment = backend.AllocateSegment(2 * kMiB, 0);
+  ASSERT_TRUE(segment.ok());
+  EXPECT_EQ(sim().live_bytes(1), before + 2 * kMiB);
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+  ASSERT_TRUE(backend.ReleaseSegment(*segment, 2 * kMiB).ok());
+}
+
+TEST_F(CudaBackendTest, EventsCompleteWhenTheStreamsWorkDoes) {
+  ASSERT_EQ(sim().set_event_mode(kManualEvents), 0);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  CudaBackend backend(0);
+  absl::StatusOr<EventId> event = backend.RecordEvent(reinterpret_cast<StreamId>(stream));
+  ASSERT_TRUE(event.ok());
+  EXPECT_FALSE(*backend.QueryEvent(*event));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // cudaErrorNotReady is not left behind
+  ASSERT_EQ(sim().complete_stream(stream), 0);
+  EXPECT_TRUE(*backend.QueryEvent(*event));
+  backend.ReleaseEvent(*event);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST_F(CudaBackendTest, EventsArePooled) {
+  CudaBackend backend(0);
+  const unsigned long long created = sim().call_count("cudaEventCreateWithFlags");
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<EventId> event = backend.RecordEvent(0);
+    ASSERT_TRUE(event.ok());
+    ASSERT_TRUE(backend.SynchronizeEvent(*event).ok());
+    backend.ReleaseEvent(*event);
+  }
+  EXPECT_EQ(sim().call_count("cudaEventCreateWithFlags"), created + 1);
+}
+
+TEST_F(CudaBackendTest, NewSegmentsAreRefusedDuringGraphCapture) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  Engine engine(std::make_unique<CudaBackend>(0));
+  const auto stream_id = reinterpret_cast<StreamId>(stream);
+  absl::StatusOr<void*> warm = engine.Allocate(4096, stream_id);
+  ASSERT_TRUE(warm.ok());
+  ASSERT_TRUE(engine.Free(*warm).ok());
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  absl::StatusOr<void*> cached = engine.Allocate(4096, stream_id);  // from the cache: fine
+  EXPECT_TRUE(cached.ok()) << cached.status();
+  absl::StatusOr<void*> fresh = engine.Allocate(64 * kMiB, stream_id);
+  EXPECT_TRUE(absl::IsFailedPrecondition(fresh.status()));
+  EXPECT_TRUE(absl::StrContains(fresh.status().message(), "captured into a CUDA graph"))
+      << fresh.status();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  ASSERT_TRUE(engine.Free(*cached).ok());
+  EXPECT_TRUE(engine.CheckInvariants().ok());
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST_F(CudaBackendTest, EngineRetriesAfterAFailedCudaMallocByEmptyingItsCache) {
+  Engine engine(std::make_unique<CudaBackend>(0));
+  absl::StatusOr<void*> cached = engine.Allocate(5 * kMiB);  // a 20 MiB segment, then cached
+  ASSERT_TRUE(cached.ok());
+  ASSERT_TRUE(engine.Free(*cached).ok());
+  ASSERT_EQ(sim().fail_next("cudaMalloc", 1, cudaErrorMemoryAllocation), 0);
+  absl::StatusOr<void*> large = engine.Allocate(30 * kMiB);
+  ASSERT_TRUE(large.ok()) << large.status();
+  const MemoryStats stats = engine.GetStats();
+  EXPECT_EQ(stats.num_alloc_retries, 1);
+  EXPECT_EQ(stats.num_device_free, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_TRUE(engine.Free(*large).ok());
+  EXPECT_TRUE(engine.CheckInvariants().ok());
+}
+
+TEST_F(CudaBackendTest, EngineOverTheDeviceReusesAcrossStreamsOnlyAfterEvents) {
+  ASSERT_EQ(sim().set_event_mode(kManualEvents), 0);
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&side), cudaSuccess);
+  Engine engine(std::make_unique<CudaBackend>(0));
+  absl::StatusOr<void*> block = engine.Allocate(4096);
+  ASSERT_TRUE(block.ok());
+  ASSERT_TRUE(engine.RecordStream(*block, reinterpret_cast<StreamId>(side)).ok());
+  ASSERT_TRUE(engine.Free(*block).ok());
+  absl::StatusOr<void*> other = engine.Allocate(4096);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *block);
+  ASSERT_EQ(sim().complete_stream(side), 0);
+  absl::StatusOr<void*> again = engine.Allocate(4096);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *block);
+  ASSERT_TRUE(engine.Free(*other).ok());
+  ASSERT_TRUE(engine.Free(*again).ok());
+  EXPECT_TRUE(engine.CheckInvariants().ok());
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+
+TEST_F(CudaBackendTest, FailedCudaFreeKeepsTheSegmentAndReportsIt) {
+  Engine engine(std::make_unique<CudaBackend>(0));
+  absl::StatusOr<void*> block = engine.Allocate(4096);
+  ASSERT_TRUE(block.ok());
+  ASSERT_TRUE(engine.Free(*block).ok());
+  ASSERT_EQ(sim().fail_next("cudaFree", 1, cudaErrorLaunchFailure), 0);
+  const absl::Status emptied = engine.EmptyCache();
+  EXPECT_FALSE(emptied.ok());
+  EXPECT_TRUE(absl::StrContains(emptied.message(), "cudaFree")) << emptied;
+  EXPECT_EQ(engine.GetStats().segment.all().current, 1);
+  EXPECT_TRUE(engine.CheckInvariants().ok());
+  EXPECT_TRUE(engine.EmptyCache().ok());
+  EXPECT_EQ(engine.GetStats().segment.all().current, 0);
+}
+
+TEST_F(CudaBackendTest, FailedEventRecordKeepsTheBlockPendingUntilItSucceeds) {
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&side), cudaSuccess);
+  Engine engine(std::make_unique<CudaBackend>(0));
+  absl::StatusOr<void*> block = engine.Allocate(4096);
+  ASSERT_TRUE(block.ok());
+  ASSERT_TRUE(engine.RecordStream(*block, reinterpret_cast<StreamId>(side)).ok());
+  ASSERT_EQ(sim().fail_next("cudaEventRecord", 1, cudaErrorLaunchFailure), 0);
+  ASSERT_TRUE(engine.Free(*block).ok());
+  EXPECT_EQ(engine.GetStats().active.all().current, 1);
+  EXPECT_TRUE(engine.CheckInvariants().ok());
+  engine.ProcessEvents();  // records now; events complete at once in immediate mode
+  engine.ProcessEvents();
+  EXPECT_EQ(engine.GetStats().active.all().current, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace torchmem
