@@ -20,10 +20,6 @@ Sub-commands (all paths are written by CMake, see CMakeLists.txt):
   driver   --cc CC --nm NM --include DIR --out FILE OBJECTS...
       One stub for every CUresult function declared in cuda.h that the
       hand-written driver objects do not define.
-
-  exports  --nm NM --real-lib LIB --out FILE
-      The toolkit library's exported function names, one per line (read by
-      simcuda_test to check that the fake exports every one of them).
 """
 
 import argparse
@@ -141,8 +137,12 @@ def cmd_tables(args):
             out.append('    {%s, "%s"},' % (value, ident))
         out.append("};")
     out.append("static const ::simcuda::Alias kDriverAliases[] = {")
-    for base, target in re.findall(r"^#define (cu[A-Z]\w*) (cu\w+)$", macros, re.M):
-        out.append('    {"%s", "%s"},' % (base, target))
+    # "#define cuX cuX_v2", or "#define cuX __CUDA_API_PTSZ(cuX_v2)" for calls
+    # that have per-thread-stream variants (the plain name is the default).
+    alias = r"^#define (cu[A-Z]\w*) (?:__CUDA_API_PT(?:SZ|DS)\()?(cu\w+)\)?$"
+    for base, target in re.findall(alias, macros, re.M):
+        if base != target:
+            out.append('    {"%s", "%s"},' % (base, target))
     out.append("};")
     write_if_changed(args.out, "\n".join(out) + "\n")
 
@@ -217,28 +217,21 @@ def cmd_driver(args):
     write_if_changed(args.out, "\n".join(out) + "\n")
 
 
-def cmd_exports(args):
-    names = exported_functions(args.nm, args.real_lib)
-    write_if_changed(args.out, "\n".join(names) + "\n")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func in (("tables", cmd_tables), ("runtime", cmd_runtime),
-                       ("driver", cmd_driver), ("exports", cmd_exports)):
+                       ("driver", cmd_driver)):
         p = sub.add_parser(name)
         p.set_defaults(func=func)
         p.add_argument("--out", required=True)
-        if name != "exports":
-            p.add_argument("--cc", required=True)
-            p.add_argument("--include", required=True)
+        p.add_argument("--cc", required=True)
+        p.add_argument("--include", required=True)
         if name != "tables":
             p.add_argument("--nm", required=True)
-        if name in ("runtime", "exports"):
-            p.add_argument("--real-lib", required=True)
-        if name in ("runtime", "driver"):
             p.add_argument("objects", nargs="+")
+        if name == "runtime":
+            p.add_argument("--real-lib", required=True)
     args = parser.parse_args()
     args.func(args)
 

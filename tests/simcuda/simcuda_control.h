@@ -68,6 +68,9 @@ int simcuda_fail_nth(const char* call, unsigned long long n, int error);
 /* The next k calls fail. */
 int simcuda_fail_next(const char* call, unsigned long long k, int error);
 void simcuda_clear_faults(void);
+/* The code of an error name: "cudaErrorMemoryAllocation" (a cudaError_t) or
+ * "CUDA_ERROR_OUT_OF_MEMORY" (a CUresult); -1 if unknown. */
+int simcuda_error_code(const char* name);
 
 /* Per-call counters (every call counts, including failed ones). */
 unsigned long long simcuda_call_count(const char* call);

@@ -168,6 +168,10 @@ bool ArmFaultsFromSpec(const char* spec, bool (*accept)(const std::string&),
   return true;
 }
 
+bool IsDriverCallName(const std::string& name) {
+  return name.rfind("cu", 0) == 0 && name.rfind("cuda", 0) != 0;
+}
+
 void ReportUnsupported(CallSite* site) {
   if (!site->unsupported.exchange(true)) {
     std::fprintf(stderr, "simcuda: unsupported %s\n", site->name.c_str());

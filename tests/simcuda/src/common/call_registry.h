@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace simcuda {
 
@@ -49,6 +50,9 @@ void ClearFaults();
 bool ArmFaultsFromSpec(const char* spec, bool (*accept)(const std::string&),
                        int (*error_by_name)(const std::string&),
                        int default_error);
+
+// Driver calls are named cu* but not cuda*; everything else is the runtime's.
+bool IsDriverCallName(const std::string& name);
 
 // Prints "simcuda: unsupported <name>" to stderr once per site.
 void ReportUnsupported(CallSite* site);

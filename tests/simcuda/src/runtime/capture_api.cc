@@ -70,10 +70,6 @@ cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
                                                 const cudaGraphEdgeData* dependency_data,
                                                 size_t num_dependencies, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)dependencies;
-  (void)dependency_data;
-  (void)num_dependencies;
-  (void)flags;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t err =
       Machine::Get().CaptureStatus(stream, CurrentDevice(), &status, nullptr, nullptr);
@@ -95,8 +91,6 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
 
 cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* num_nodes) {
   SIMCUDA_ENTER();
-  (void)graph;
-  (void)nodes;
   if (num_nodes == nullptr) return Result(cudaErrorInvalidValue);
   *num_nodes = 0;  // captured work is counted, not kept as nodes
   return cudaSuccess;
@@ -105,7 +99,6 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t*
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
                                  unsigned long long flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   if (exec == nullptr) return Result(cudaErrorInvalidValue);
   return Result(Machine::Get().Instantiate(graph, exec));
 }
@@ -113,7 +106,6 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph,
                                           unsigned long long flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   if (exec == nullptr) return Result(cudaErrorInvalidValue);
   return Result(Machine::Get().Instantiate(graph, exec));
 }

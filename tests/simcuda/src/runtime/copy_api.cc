@@ -16,19 +16,33 @@ using simcuda::rt::Result;
 
 namespace {
 
-cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  if (bytes == 0) return cudaSuccess;
+// Checks a copy that touches `dst_span` bytes at dst and `src_span` at src:
+// the sides the kind calls "device" must lie inside one simulated allocation.
+cudaError_t CheckSpans(void* dst, size_t dst_span, const void* src, size_t src_span,
+                       cudaMemcpyKind kind) {
+  if (dst_span == 0 && src_span == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
   Machine& m = Machine::Get();
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
-  if (dst_device && m.CheckDeviceRange(dst, bytes) != cudaSuccess) return cudaErrorInvalidValue;
-  if (src_device && m.CheckDeviceRange(src, bytes) != cudaSuccess) return cudaErrorInvalidValue;
+  if (dst_device && m.CheckDeviceRange(dst, dst_span) != cudaSuccess) return cudaErrorInvalidValue;
+  if (src_device && m.CheckDeviceRange(src, src_span) != cudaSuccess) return cudaErrorInvalidValue;
   return cudaSuccess;
 }
 
-// A 2D copy as `height` rows of `width` bytes.
+cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return CheckSpans(dst, bytes, src, bytes, kind);
+}
+
+// A 2D copy: `height` rows of `width` bytes, rows `dpitch` / `spitch` apart.
+cudaError_t Check2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                    size_t height, cudaMemcpyKind kind) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  if (height == 0 || width == 0) return cudaSuccess;
+  return CheckSpans(dst, (height - 1) * dpitch + width, src, (height - 1) * spitch + width, kind);
+}
+
 void Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
             size_t height) {
   for (size_t row = 0; row < height; ++row) {
@@ -88,27 +102,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_device,
                            size_t count) {
   SIMCUDA_ENTER();
-  (void)dst_device;
-  (void)src_device;
   return Result(SyncCopy(dst, src, count, cudaMemcpyDeviceToDevice));
 }
 
 cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device,
                                 size_t count, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)dst_device;
-  (void)src_device;
   return Result(AsyncCopy(dst, src, count, cudaMemcpyDeviceToDevice, stream));
 }
 
 cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                          size_t height, cudaMemcpyKind kind) {
   SIMCUDA_ENTER();
-  if (width > dpitch || width > spitch) return Result(cudaErrorInvalidPitchValue);
-  if (height == 0 || width == 0) return cudaSuccess;
-  const size_t span = (height - 1) * dpitch + width, src_span = (height - 1) * spitch + width;
-  cudaError_t err = CheckCopy(dst, src, span < src_span ? span : src_span, kind);
-  if (err != cudaSuccess) return Result(err);
+  cudaError_t err = Check2D(dst, dpitch, src, spitch, width, height, kind);
+  if (err != cudaSuccess || height == 0 || width == 0) return Result(err);
   Machine::Get().SynchronizeBlockingStreams(CurrentDevice());
   Copy2D(dst, dpitch, src, spitch, width, height);
   return cudaSuccess;
@@ -118,10 +125,10 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
                               size_t width, size_t height, cudaMemcpyKind kind,
                               cudaStream_t stream) {
   SIMCUDA_ENTER();
-  if (width > dpitch || width > spitch) return Result(cudaErrorInvalidPitchValue);
-  if (height == 0 || width == 0) return cudaSuccess;
+  cudaError_t err = Check2D(dst, dpitch, src, spitch, width, height, kind);
+  if (err != cudaSuccess || height == 0 || width == 0) return Result(err);
   bool captured = false;
-  cudaError_t err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured);
+  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured);
   if (err == cudaSuccess && !captured) Copy2D(dst, dpitch, src, spitch, width, height);
   return Result(err);
 }
@@ -160,7 +167,6 @@ cudaError_t cudaMemset2D(void* dev_ptr, size_t pitch, int value, size_t width, s
 cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset,
                                cudaMemcpyKind kind) {
   SIMCUDA_ENTER();
-  (void)kind;
   char* address = nullptr;
   cudaError_t err = SymbolRange(symbol, count, offset, &address);
   if (err == cudaSuccess && count != 0) std::memcpy(address, src, count);
@@ -170,7 +176,6 @@ cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count
 cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t count,
                                     size_t offset, cudaMemcpyKind kind, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)kind;
   char* address = nullptr;
   cudaError_t err = SymbolRange(symbol, count, offset, &address);
   if (err == cudaSuccess) err = Machine::Get().Submit(stream, CurrentDevice());
@@ -181,7 +186,6 @@ cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t 
 cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t offset,
                                  cudaMemcpyKind kind) {
   SIMCUDA_ENTER();
-  (void)kind;
   char* address = nullptr;
   cudaError_t err = SymbolRange(symbol, count, offset, &address);
   if (err == cudaSuccess && count != 0) std::memcpy(dst, address, count);
@@ -191,7 +195,6 @@ cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, si
 cudaError_t cudaMemcpyFromSymbolAsync(void* dst, const void* symbol, size_t count, size_t offset,
                                       cudaMemcpyKind kind, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)kind;
   char* address = nullptr;
   cudaError_t err = SymbolRange(symbol, count, offset, &address);
   if (err == cudaSuccess) err = Machine::Get().Submit(stream, CurrentDevice());

@@ -69,8 +69,6 @@ cudaError_t cudaSetDevice(int device) {
 
 cudaError_t cudaInitDevice(int device, unsigned int device_flags, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)device_flags;
-  (void)flags;
   return Result(Machine::Get().ValidDevice(device) ? cudaSuccess : cudaErrorInvalidDevice);
 }
 
@@ -213,7 +211,6 @@ cudaError_t cudaDeviceGetCacheConfig(cudaFuncCache* config) {
 
 cudaError_t cudaDeviceSetCacheConfig(cudaFuncCache config) {
   SIMCUDA_ENTER();
-  (void)config;
   return cudaSuccess;
 }
 

@@ -43,7 +43,6 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   return Result(Machine::Get().RecordEvent(event, stream, CurrentDevice()));
 }
 

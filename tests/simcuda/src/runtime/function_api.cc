@@ -7,6 +7,18 @@
 
 using simcuda::rt::Result;
 
+namespace {
+
+// Resident blocks per multiprocessor: 2048 threads, at most 32 blocks.
+cudaError_t BlocksPerMultiprocessor(int* blocks, const void* func, int block_size) {
+  if (blocks == nullptr || func == nullptr || block_size <= 0) return cudaErrorInvalidValue;
+  const int by_threads = 2048 / block_size;
+  *blocks = by_threads < 1 ? 1 : (by_threads > 32 ? 32 : by_threads);
+  return cudaSuccess;
+}
+
+}  // namespace
+
 extern "C" {
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
@@ -24,14 +36,11 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   SIMCUDA_ENTER();
-  (void)attr;
-  (void)value;
   return Result(func == nullptr ? cudaErrorInvalidDeviceFunction : cudaSuccess);
 }
 
 cudaError_t cudaFuncSetCacheConfig(const void* func, cudaFuncCache config) {
   SIMCUDA_ENTER();
-  (void)config;
   return Result(func == nullptr ? cudaErrorInvalidDeviceFunction : cudaSuccess);
 }
 
@@ -53,9 +62,6 @@ cudaError_t cudaGetKernel(cudaKernel_t* kernel, const void* entry) {
 cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, cudaFuncAttribute attr,
                                             int value, int device) {
   SIMCUDA_ENTER();
-  (void)attr;
-  (void)value;
-  (void)device;
   return Result(kernel == nullptr ? cudaErrorInvalidValue : cudaSuccess);
 }
 
@@ -63,13 +69,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
                                                           int block_size,
                                                           size_t dynamic_shared_memory) {
   SIMCUDA_ENTER();
-  (void)dynamic_shared_memory;
-  if (blocks == nullptr || func == nullptr || block_size <= 0) {
-    return Result(cudaErrorInvalidValue);
-  }
-  const int by_threads = 2048 / block_size;
-  *blocks = by_threads < 1 ? 1 : (by_threads > 32 ? 32 : by_threads);
-  return cudaSuccess;
+  return Result(BlocksPerMultiprocessor(blocks, func, block_size));
 }
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* func,
@@ -77,14 +77,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, 
                                                                    size_t dynamic_shared_memory,
                                                                    unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
-  (void)dynamic_shared_memory;
-  if (blocks == nullptr || func == nullptr || block_size <= 0) {
-    return Result(cudaErrorInvalidValue);
-  }
-  const int by_threads = 2048 / block_size;
-  *blocks = by_threads < 1 ? 1 : (by_threads > 32 ? 32 : by_threads);
-  return cudaSuccess;
+  return Result(BlocksPerMultiprocessor(blocks, func, block_size));
 }
 
 }  // extern "C"

@@ -54,7 +54,10 @@ struct LaunchConfiguration {
 
 thread_local std::vector<LaunchConfiguration> t_launch_stack;
 
-cudaError_t Launch(CUkern_st* kernel, dim3 grid, dim3 block, cudaStream_t stream) {
+// A launch of the kernel for `func` (a host stub or a cudaKernel_t).
+cudaError_t Launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream) {
+  if (func == nullptr) return cudaErrorInvalidDeviceFunction;
+  CUkern_st* kernel = KernelFor(func);
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 ||
       block.z == 0 || static_cast<uint64_t>(block.x) * block.y * block.z > 1024) {
     return cudaErrorInvalidConfiguration;
@@ -109,17 +112,14 @@ void** __cudaRegisterFatBinary(void* fat_cubin) {
 
 void __cudaRegisterFatBinaryEnd(void** handle) {
   SIMCUDA_COUNT();
-  (void)handle;
 }
 
 void __cudaUnregisterFatBinary(void** handle) {
   SIMCUDA_COUNT();
-  (void)handle;
 }
 
 char __cudaInitModule(void** handle) {
   SIMCUDA_COUNT();
-  (void)handle;
   return 1;
 }
 
@@ -127,14 +127,6 @@ void __cudaRegisterFunction(void** handle, const char* host_function, char* devi
                             const char* device_name, int thread_limit, uint3* tid, uint3* bid,
                             dim3* block_dim, dim3* grid_dim, int* warp_size) {
   SIMCUDA_COUNT();
-  (void)handle;
-  (void)device_function;
-  (void)thread_limit;
-  (void)tid;
-  (void)bid;
-  (void)block_dim;
-  (void)grid_dim;
-  (void)warp_size;
   auto& r = simcuda::rt::GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   simcuda::rt::KernelLocked(r, host_function)->name = device_name;
@@ -143,12 +135,6 @@ void __cudaRegisterFunction(void** handle, const char* host_function, char* devi
 void __cudaRegisterVar(void** handle, char* host_var, char* device_address,
                        const char* device_name, int ext, size_t size, int constant, int global) {
   SIMCUDA_COUNT();
-  (void)handle;
-  (void)device_address;
-  (void)device_name;
-  (void)ext;
-  (void)constant;
-  (void)global;
   auto& r = simcuda::rt::GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.variables[host_var].size = size;
@@ -158,12 +144,6 @@ void __cudaRegisterManagedVar(void** handle, void** host_var_ptr_address, char* 
                               const char* device_name, int ext, size_t size, int constant,
                               int global) {
   SIMCUDA_COUNT();
-  (void)handle;
-  (void)device_address;
-  (void)device_name;
-  (void)ext;
-  (void)constant;
-  (void)global;
   // The runtime stores the managed variable's address in the host shadow.
   if (host_var_ptr_address != nullptr) *host_var_ptr_address = std::calloc(1, size ? size : 1);
 }
@@ -209,8 +189,6 @@ cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* host_function) {
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
                                size_t shared_memory, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)args;
-  (void)shared_memory;
   if (!simcuda::rt::IsKernel(kernel)) return Result(cudaErrorInvalidResourceHandle);
   return Result(simcuda::rt::Launch(kernel, grid, block, stream));
 }
@@ -218,38 +196,26 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void*
 cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
                                     size_t shared_memory, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)args;
-  (void)shared_memory;
   if (!simcuda::rt::IsKernel(kernel)) return Result(cudaErrorInvalidResourceHandle);
-  if (stream == nullptr) stream = cudaStreamPerThread;
-  return Result(simcuda::rt::Launch(kernel, grid, block, stream));
+  return Result(simcuda::rt::Launch(kernel, grid, block, stream ? stream : cudaStreamPerThread));
 }
 
 cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args,
                              size_t shared_memory, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)args;
-  (void)shared_memory;
-  if (func == nullptr) return Result(cudaErrorInvalidDeviceFunction);
-  return Result(simcuda::rt::Launch(simcuda::rt::KernelFor(func), grid, block, stream));
+  return Result(simcuda::rt::Launch(func, grid, block, stream));
 }
 
 cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block, void** args,
                                         size_t shared_memory, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  (void)args;
-  (void)shared_memory;
-  if (func == nullptr) return Result(cudaErrorInvalidDeviceFunction);
-  return Result(simcuda::rt::Launch(simcuda::rt::KernelFor(func), grid, block, stream));
+  return Result(simcuda::rt::Launch(func, grid, block, stream));
 }
 
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
   SIMCUDA_ENTER();
-  (void)args;
   if (config == nullptr) return Result(cudaErrorInvalidValue);
-  if (func == nullptr) return Result(cudaErrorInvalidDeviceFunction);
-  return Result(simcuda::rt::Launch(simcuda::rt::KernelFor(func), config->gridDim,
-                                    config->blockDim, config->stream));
+  return Result(simcuda::rt::Launch(func, config->gridDim, config->blockDim, config->stream));
 }
 
 }  // extern "C"

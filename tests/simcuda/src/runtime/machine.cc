@@ -14,10 +14,6 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-bool IsRuntimeCall(const std::string& name) {
-  return name.rfind("cuda", 0) == 0 || name.rfind("__cuda", 0) == 0;
-}
-
 }  // namespace
 
 Machine& Machine::Get() {
@@ -66,15 +62,11 @@ Machine::Machine() {
   initial_mode_ = mode_;
   initial_capacities_ = capacities;
   SetDeviceCount(count);
-  if (const char* env = std::getenv("SIMCUDA_FAULTS")) {
-    ArmFaultsFromSpec(env, IsRuntimeCall, RuntimeErrorByName,
-                      static_cast<int>(cudaErrorUnknown));
-  }
 }
 
 int Machine::DeviceCount() {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int>(devices_.size());
+  return visible_devices_;
 }
 
 cudaError_t Machine::SetDeviceCount(int count) {

@@ -29,8 +29,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
-#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -211,11 +209,15 @@ class Machine {
   CUstream_st* StreamByIdLocked(uint64_t id);
   cudaError_t ResolveLocked(cudaStream_t handle, int device, CUstream_st** out);
   CUstream_st* PerThreadStreamLocked(int device);
+  // If `s` is capturing, counts one unit of captured work and returns true.
+  bool CaptureLocked(CUstream_st* s);
   void SubmitLocked(CUstream_st* s, PendingWork work, HostCallbacks* run);
   void CompleteLocked(CUstream_st* s, uint64_t upto, HostCallbacks* run);
   void CompleteDeviceLocked(int device, HostCallbacks* run);
   bool EventDoneLocked(const CUevent_st* e);
   CUevent_st* EventLocked(cudaEvent_t e);
+  cudaError_t EventAndStreamLocked(cudaEvent_t event, cudaStream_t stream, int device,
+                                   CUevent_st** e, CUstream_st** s);
   static void Run(HostCallbacks* run);
 
   std::mutex mu_;

@@ -101,9 +101,14 @@ cudaError_t Machine::DestroyStream(cudaStream_t handle, int device) {
     user_streams_.erase(handle);
     delete handle;
   }
-  (void)device;
   Run(&run);
   return cudaSuccess;
+}
+
+bool Machine::CaptureLocked(CUstream_st* s) {
+  if (s->capture_status != cudaStreamCaptureStatusActive) return false;
+  ++s->capture_graph->captured_work;
+  return true;
 }
 
 void Machine::SubmitLocked(CUstream_st* s, PendingWork work, HostCallbacks* run) {
@@ -148,8 +153,7 @@ cudaError_t Machine::Submit(cudaStream_t handle, int device, std::function<void(
     CUstream_st* s = nullptr;
     cudaError_t err = ResolveLocked(handle, device, &s);
     if (err != cudaSuccess) return err;
-    if (s->capture_status == cudaStreamCaptureStatusActive) {
-      ++s->capture_graph->captured_work;  // captured, not executed
+    if (CaptureLocked(s)) {  // captured, not executed
       if (captured != nullptr) *captured = true;
       return cudaSuccess;
     }
@@ -251,6 +255,13 @@ CUevent_st* Machine::EventLocked(cudaEvent_t e) {
   return e != nullptr && events_.count(e) != 0 ? e : nullptr;
 }
 
+cudaError_t Machine::EventAndStreamLocked(cudaEvent_t event, cudaStream_t stream, int device,
+                                          CUevent_st** e, CUstream_st** s) {
+  *e = EventLocked(event);
+  if (*e == nullptr) return cudaErrorInvalidResourceHandle;
+  return ResolveLocked(stream, device, s);
+}
+
 cudaError_t Machine::DestroyEvent(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(mu_);
   CUevent_st* e = EventLocked(event);
@@ -270,16 +281,12 @@ cudaError_t Machine::RecordEvent(cudaEvent_t event, cudaStream_t stream, int dev
   HostCallbacks run;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    CUevent_st* e = EventLocked(event);
-    if (e == nullptr) return cudaErrorInvalidResourceHandle;
+    CUevent_st* e = nullptr;
     CUstream_st* s = nullptr;
-    cudaError_t err = ResolveLocked(stream, device, &s);
+    cudaError_t err = EventAndStreamLocked(event, stream, device, &e, &s);
     if (err != cudaSuccess) return err;
     if (s->device != e->device) return cudaErrorInvalidResourceHandle;
-    if (s->capture_status == cudaStreamCaptureStatusActive) {
-      ++s->capture_graph->captured_work;  // an event-record node
-      return cudaSuccess;
-    }
+    if (CaptureLocked(s)) return cudaSuccess;  // an event-record node
     SubmitLocked(s, PendingWork(), &run);
     e->recorded = true;
     e->stream_id = s->id;
@@ -328,15 +335,11 @@ cudaError_t Machine::WaitEvent(cudaStream_t stream, int device, cudaEvent_t even
   HostCallbacks run;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    CUevent_st* e = EventLocked(event);
-    if (e == nullptr) return cudaErrorInvalidResourceHandle;
+    CUevent_st* e = nullptr;
     CUstream_st* s = nullptr;
-    cudaError_t err = ResolveLocked(stream, device, &s);
+    cudaError_t err = EventAndStreamLocked(event, stream, device, &e, &s);
     if (err != cudaSuccess) return err;
-    if (s->capture_status == cudaStreamCaptureStatusActive) {
-      ++s->capture_graph->captured_work;
-      return cudaSuccess;
-    }
+    if (CaptureLocked(s)) return cudaSuccess;  // an event-wait node
     if (EventDoneLocked(e)) return cudaSuccess;
     PendingWork work;
     work.wait_stream_id = e->stream_id;

@@ -30,7 +30,6 @@ cudaError_t cudaMalloc(void** dev_ptr, size_t size) {
 
 cudaError_t cudaMallocManaged(void** dev_ptr, size_t size, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   return Result(AllocateOnCurrentDevice(dev_ptr, size, MemoryKind::kManaged));
 }
 
@@ -77,7 +76,6 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
 
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   if (ptr == nullptr) return Result(cudaErrorInvalidValue);
   return Result(Machine::Get().AllocateHost(size, ptr));
 }
@@ -89,7 +87,6 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   return Result(Machine::Get().RegisterHost(ptr, size));
 }
 
@@ -100,7 +97,6 @@ cudaError_t cudaHostUnregister(void* ptr) {
 
 cudaError_t cudaHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   simcuda::rt::Allocation a;
   if (device_ptr == nullptr || !Machine::Get().Lookup(host_ptr, &a) ||
       (a.kind != MemoryKind::kHostPinned && a.kind != MemoryKind::kHostRegistered)) {
@@ -165,6 +161,17 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
       break;
   }
   return cudaSuccess;
+}
+
+cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w, cudaChannelFormatKind f) {
+  SIMCUDA_COUNT();
+  cudaChannelFormatDesc desc;
+  desc.x = x;
+  desc.y = y;
+  desc.z = z;
+  desc.w = w;
+  desc.f = f;
+  return desc;
 }
 
 }  // extern "C"

@@ -22,6 +22,16 @@ cudaError_t Create(cudaStream_t* stream, unsigned int flags, int priority) {
   return Machine::Get().CreateStream(CurrentDevice(), flags, ClampPriority(priority), stream);
 }
 
+// Reads one property of a stream into *out.
+template <typename T, typename Field>
+cudaError_t StreamProperty(cudaStream_t stream, T* out, Field field) {
+  if (out == nullptr) return cudaErrorInvalidValue;
+  CUstream_st* s = nullptr;
+  cudaError_t err = Machine::Get().ResolveStream(stream, CurrentDevice(), &s);
+  if (err == cudaSuccess) *out = field(*s);
+  return err;
+}
+
 }  // namespace
 
 extern "C" {
@@ -58,43 +68,30 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
   SIMCUDA_ENTER();
-  CUstream_st* s = nullptr;
-  cudaError_t err = Machine::Get().ResolveStream(stream, CurrentDevice(), &s);
-  if (err == cudaSuccess && priority == nullptr) err = cudaErrorInvalidValue;
-  if (err == cudaSuccess) *priority = s->priority;
-  return Result(err);
+  return Result(
+      StreamProperty(stream, priority, [](const CUstream_st& s) { return s.priority; }));
 }
 
 cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
   SIMCUDA_ENTER();
-  CUstream_st* s = nullptr;
-  cudaError_t err = Machine::Get().ResolveStream(stream, CurrentDevice(), &s);
-  if (err == cudaSuccess && flags == nullptr) err = cudaErrorInvalidValue;
-  if (err == cudaSuccess) *flags = s->flags;
-  return Result(err);
+  return Result(
+      StreamProperty(stream, flags, [](const CUstream_st& s) { return s.flags; }));
 }
 
 cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
   SIMCUDA_ENTER();
-  CUstream_st* s = nullptr;
-  cudaError_t err = Machine::Get().ResolveStream(stream, CurrentDevice(), &s);
-  if (err == cudaSuccess && id == nullptr) err = cudaErrorInvalidValue;
-  if (err == cudaSuccess) *id = s->id;
-  return Result(err);
+  return Result(
+      StreamProperty(stream, id, [](const CUstream_st& s) { return s.id; }));
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
   SIMCUDA_ENTER();
-  CUstream_st* s = nullptr;
-  cudaError_t err = Machine::Get().ResolveStream(stream, CurrentDevice(), &s);
-  if (err == cudaSuccess && device == nullptr) err = cudaErrorInvalidValue;
-  if (err == cudaSuccess) *device = s->device;
-  return Result(err);
+  return Result(
+      StreamProperty(stream, device, [](const CUstream_st& s) { return s.device; }));
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   SIMCUDA_ENTER();
-  (void)flags;
   return Result(Machine::Get().WaitEvent(stream, CurrentDevice(), event));
 }
 

@@ -1,0 +1,252 @@
+"""Python helper for tests that run on the simulated CUDA device (tests/simcuda).
+
+Two halves:
+
+* In the test process (no preload): ``library_dir()`` finds the built fake
+  libraries and ``environment(...)`` returns the environment for a subprocess
+  that should run on the simulated device (``LD_PRELOAD`` plus any
+  ``SIMCUDA_*`` settings). The preload must be in place before the process
+  starts: PyTorch's libraries find ``libcudart.so.13`` through DT_RPATH, which
+  only ``LD_PRELOAD`` overrides.
+* In that subprocess: ``Control()`` wraps the ``simcuda_*`` control API
+  (simcuda_control.h) with ctypes: capacity, device count, event mode,
+  completion of stream work, faults, counters.
+
+Usage::
+
+    env = simcuda.environment(memory_bytes="1G", event_mode="manual")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+    # inside the subprocess
+    sim = simcuda.Control()
+    sim.fail_next("cudaMalloc", 1, "cudaErrorMemoryAllocation")
+"""
+
+import ctypes
+import os
+from pathlib import Path
+
+RUNTIME_NAME = "libcudart.so.13"
+DRIVER_NAME = "libcuda.so.1"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_COMMAND = ("cmake -S tests/simcuda -B build/simcuda && "
+                 "cmake --build build/simcuda -j2")
+
+
+class SimcudaNotBuilt(RuntimeError):
+    """The fake CUDA libraries were not found."""
+
+
+def _complete(directory):
+    return all((directory / name).is_file() for name in (RUNTIME_NAME, DRIVER_NAME))
+
+
+def library_dir():
+    """Directory holding the built libcudart.so.13 and libcuda.so.1.
+
+    ``$TORCHMEM_SIMCUDA_DIR`` if set, else the newest ``build/*/simcuda`` under
+    the repository root (what ``add_subdirectory(tests/simcuda)`` or a
+    standalone build of tests/simcuda produce).
+    """
+    configured = os.environ.get("TORCHMEM_SIMCUDA_DIR")
+    if configured:
+        directory = Path(configured).resolve()
+        if not _complete(directory):
+            raise SimcudaNotBuilt(
+                f"TORCHMEM_SIMCUDA_DIR={configured} does not contain {RUNTIME_NAME} and "
+                f"{DRIVER_NAME}; build them with: {BUILD_COMMAND}")
+        return directory
+    candidates = [d for d in REPO_ROOT.glob("build/*/simcuda") if _complete(d)]
+    if not candidates:
+        raise SimcudaNotBuilt(
+            f"the simulated CUDA device is not built (no build/*/simcuda/{RUNTIME_NAME} under "
+            f"{REPO_ROOT}); build it from the repository root with: {BUILD_COMMAND}")
+    return max(candidates, key=lambda d: (d / RUNTIME_NAME).stat().st_mtime).resolve()
+
+
+def preload():
+    """The LD_PRELOAD value: absolute paths of the fake runtime and driver."""
+    directory = library_dir()
+    return f"{directory / RUNTIME_NAME}:{directory / DRIVER_NAME}"
+
+
+def environment(base=None, *, device_count=None, memory_bytes=None, event_mode=None,
+                faults=None, trace=None):
+    """Environment for a subprocess running on the simulated device.
+
+    ``base`` defaults to ``os.environ``. ``memory_bytes`` takes an int or a
+    size string ("80G", "512MiB", or a comma list per device); ``event_mode``
+    is "immediate" or "manual"; ``faults`` a SIMCUDA_FAULTS spec; ``trace`` a
+    file that gets the list of CUDA calls made (see README.md).
+    """
+    env = dict(os.environ if base is None else base)
+    existing = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = preload() + (":" + existing if existing else "")
+    for key, value in (("SIMCUDA_DEVICE_COUNT", device_count),
+                       ("SIMCUDA_MEMORY_BYTES", memory_bytes),
+                       ("SIMCUDA_EVENT_MODE", event_mode),
+                       ("SIMCUDA_FAULTS", faults),
+                       ("SIMCUDA_TRACE", trace)):
+        if value is not None:
+            env[key] = str(value)
+    return env
+
+
+def read_trace(path):
+    """Counts from a SIMCUDA_TRACE file: {(library, call): count}, summed over
+    processes, plus the set of calls that hit an "unsupported" stub."""
+    counts, unsupported = {}, set()
+    for line in Path(path).read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        key = (fields[0], fields[1])
+        counts[key] = counts.get(key, 0) + int(fields[2])
+        if len(fields) > 3 and fields[3] == "unsupported":
+            unsupported.add(key)
+    return counts, unsupported
+
+
+_MODES = {"immediate": 0, "manual": 1}
+_ULL = ctypes.c_ulonglong
+
+
+def _handle(obj):
+    """A cudaStream_t / cudaEvent_t from an int, None, or a torch Stream/Event."""
+    if obj is None:
+        return None
+    for attribute in ("cuda_stream", "cuda_event"):
+        if hasattr(obj, attribute):
+            return ctypes.c_void_p(getattr(obj, attribute))
+    return ctypes.c_void_p(int(obj))
+
+
+class Control:
+    """ctypes wrappers of the simcuda_* control API, for a process started with
+    ``environment()`` (raises SimcudaNotBuilt-style RuntimeError otherwise)."""
+
+    def __init__(self):
+        try:
+            lib = ctypes.CDLL(RUNTIME_NAME, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            lib.simcuda_is_simulated
+        except (OSError, AttributeError) as error:
+            raise RuntimeError(
+                "this process does not run on the simulated CUDA device: start it with "
+                "simcuda.environment() (LD_PRELOAD of the fake libcudart.so.13)") from error
+        self._lib = lib
+        signatures = {
+            "simcuda_set_device_count": (ctypes.c_int, [ctypes.c_int]),
+            "simcuda_get_device_count": (ctypes.c_int, []),
+            "simcuda_set_memory_capacity": (ctypes.c_int, [ctypes.c_int, _ULL]),
+            "simcuda_get_memory_capacity": (_ULL, [ctypes.c_int]),
+            "simcuda_live_bytes": (_ULL, [ctypes.c_int]),
+            "simcuda_peak_bytes": (_ULL, [ctypes.c_int]),
+            "simcuda_live_allocations": (_ULL, [ctypes.c_int]),
+            "simcuda_reset_peak_bytes": (None, [ctypes.c_int]),
+            "simcuda_set_event_mode": (ctypes.c_int, [ctypes.c_int]),
+            "simcuda_get_event_mode": (ctypes.c_int, []),
+            "simcuda_complete_stream": (ctypes.c_int, [ctypes.c_void_p]),
+            "simcuda_complete_event": (ctypes.c_int, [ctypes.c_void_p]),
+            "simcuda_complete_all": (ctypes.c_int, []),
+            "simcuda_pending_work": (_ULL, [ctypes.c_void_p]),
+            "simcuda_inject_fault": (ctypes.c_int, [ctypes.c_char_p, _ULL, _ULL, ctypes.c_int]),
+            "simcuda_clear_faults": (None, []),
+            "simcuda_call_count": (_ULL, [ctypes.c_char_p]),
+            "simcuda_reset_call_counts": (None, []),
+            "simcuda_write_trace": (ctypes.c_int, [ctypes.c_char_p]),
+            "simcuda_reset": (None, []),
+            "simcuda_error_code": (ctypes.c_int, [ctypes.c_char_p]),
+        }
+        for name, (restype, argtypes) in signatures.items():
+            function = getattr(lib, name)
+            function.restype = restype
+            function.argtypes = argtypes
+
+    @staticmethod
+    def _check(status, what):
+        if status != 0:
+            raise RuntimeError(f"simcuda: {what} failed with error {status}")
+
+    # Devices and memory -------------------------------------------------
+    def set_device_count(self, count):
+        self._check(self._lib.simcuda_set_device_count(count), "set_device_count")
+
+    def device_count(self):
+        return self._lib.simcuda_get_device_count()
+
+    def set_memory_capacity(self, nbytes, device=-1):
+        self._check(self._lib.simcuda_set_memory_capacity(device, nbytes), "set_memory_capacity")
+
+    def memory_capacity(self, device=0):
+        return self._lib.simcuda_get_memory_capacity(device)
+
+    def live_bytes(self, device=0):
+        return self._lib.simcuda_live_bytes(device)
+
+    def peak_bytes(self, device=0):
+        return self._lib.simcuda_peak_bytes(device)
+
+    def live_allocations(self, device=0):
+        return self._lib.simcuda_live_allocations(device)
+
+    def reset_peak_bytes(self, device=0):
+        self._lib.simcuda_reset_peak_bytes(device)
+
+    # Completion model ------------------------------------------------------
+    def set_event_mode(self, mode):
+        self._check(self._lib.simcuda_set_event_mode(_MODES[mode]), "set_event_mode")
+
+    def event_mode(self):
+        return {v: k for k, v in _MODES.items()}[self._lib.simcuda_get_event_mode()]
+
+    def complete_stream(self, stream=None):
+        """Completes the work submitted so far to a stream (torch.cuda.Stream,
+        a raw handle, or None for the legacy default stream)."""
+        self._check(self._lib.simcuda_complete_stream(_handle(stream)), "complete_stream")
+
+    def complete_event(self, event):
+        self._check(self._lib.simcuda_complete_event(_handle(event)), "complete_event")
+
+    def complete_all(self):
+        self._check(self._lib.simcuda_complete_all(), "complete_all")
+
+    def pending_work(self, stream=None):
+        return self._lib.simcuda_pending_work(_handle(stream))
+
+    # Faults ------------------------------------------------------------------
+    def error_code(self, error):
+        """An error code from an int, a cudaError_t name ("cudaErrorMemoryAllocation")
+        or a CUresult name ("CUDA_ERROR_OUT_OF_MEMORY")."""
+        if isinstance(error, int):
+            return error
+        code = self._lib.simcuda_error_code(error.encode())
+        if code < 0:
+            raise ValueError(f"unknown CUDA error name {error!r}")
+        return code
+
+    def inject_fault(self, call, skip, count, error):
+        """After `skip` further calls of `call` succeed, the next `count` fail."""
+        self._check(self._lib.simcuda_inject_fault(call.encode(), skip, count,
+                                                    self.error_code(error)), "inject_fault")
+
+    def fail_nth(self, call, n, error):
+        self.inject_fault(call, n - 1, 1, error)
+
+    def fail_next(self, call, k, error):
+        self.inject_fault(call, 0, k, error)
+
+    def clear_faults(self):
+        self._lib.simcuda_clear_faults()
+
+    # Counters ----------------------------------------------------------------
+    def call_count(self, call):
+        return self._lib.simcuda_call_count(call.encode())
+
+    def reset_call_counts(self):
+        self._lib.simcuda_reset_call_counts()
+
+    def write_trace(self, path):
+        self._check(self._lib.simcuda_write_trace(str(path).encode()), "write_trace")
+
+    def reset(self):
+        self._lib.simcuda_reset()

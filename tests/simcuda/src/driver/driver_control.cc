@@ -1,0 +1,47 @@
+// The fake driver's half of the control API: its own call counters, faults
+// and trace, reached through the runtime's simcuda_* functions (which forward
+// driver call names here) or directly with dlsym.
+#include <cstdlib>
+#include <string>
+
+#include "common/call_registry.h"
+#include "common/code_names.h"
+#include "driver/driver_entry.h"
+#include "simcuda_tables.inc"
+
+namespace {
+
+int DriverErrorByName(const std::string& name) {
+  return simcuda::CodeOf(kDriverErrorNames, name.c_str());
+}
+
+// SIMCUDA_FAULTS rules for driver calls are armed when the library loads.
+__attribute__((constructor)) void ArmFaultsFromEnvironment() {
+  if (const char* spec = std::getenv("SIMCUDA_FAULTS")) {
+    simcuda::ArmFaultsFromSpec(spec, simcuda::IsDriverCallName, DriverErrorByName,
+                               static_cast<int>(CUDA_ERROR_UNKNOWN));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void simcuda_driver_inject_fault(const char* call, unsigned long long skip,
+                                 unsigned long long count, int error) {
+  simcuda::ArmFault(call, skip, count, error);
+}
+
+void simcuda_driver_clear_faults(void) { simcuda::ClearFaults(); }
+
+int simcuda_driver_error_code(const char* name) { return DriverErrorByName(name); }
+
+unsigned long long simcuda_driver_call_count(const char* call) {
+  return simcuda::CallCount(call);
+}
+
+void simcuda_driver_reset_call_counts(void) { simcuda::ResetCallCounts(); }
+
+int simcuda_driver_write_trace(const char* path) { return simcuda::WriteTrace(path) ? 0 : 1; }
+
+}  // extern "C"
