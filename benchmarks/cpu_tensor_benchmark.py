@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""CPU tensors: ``torch.empty(n)`` + ``del``, PyTorch's default CPU allocator vs torchmem.
+
+What it measures: nanoseconds per ``t = torch.empty(nbytes, dtype=torch.uint8); del t``
+for sizes from 4 KiB to 64 MiB (the tensor is never touched, so this is the allocator
+plus PyTorch's fixed per-tensor cost, about a microsecond of Python and dispatcher
+work). The default allocator is c10's DefaultCPUAllocator (posix_memalign/free, i.e.
+glibc malloc, which serves large sizes with mmap/munmap); torchmem is installed with
+``torchmem.install("cpu")`` and caches freed blocks.
+
+How: time is the thread's CPU time by default (``--clock wall`` for elapsed time), which
+other processes on a shared machine disturb much less. Each measurement runs in its own
+subprocess (an allocator is chosen once per
+process), A and B alternate (ABBA order across rounds, so drifts of a busy machine hit
+both), and each figure is the median over rounds of the per-process median over
+batches. The result is a table with the speedup default/torchmem (> 1: torchmem is
+faster). A 0-byte row measures the floor, PyTorch's per-tensor cost without a real
+allocation (c10 asks no allocator for 0 bytes' memory); "over floor" columns subtract it
+to show what the allocator itself costs.
+
+Run (torchmem's extension must be built into torchmem/_C*.so):
+    PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py
+    PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py --rounds 7 --json out.json
+It measures and prints; it asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ALLOCATORS = ("default", "torchmem")
+DEFAULT_SIZES = [0, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def format_bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().replace("IB", "").replace("B", "")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in scale:
+        return int(float(text[:-1]) * scale[text[-1]])
+    return int(text)
+
+
+def worker(allocator: str, sizes: list[int], batch_seconds: float, batches: int,
+           clock: str) -> dict:
+    """Runs in the subprocess: measures every size with one allocator."""
+    import torch
+
+    now = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
+
+    torch.set_num_threads(1)
+    if allocator == "torchmem":
+        import torchmem
+
+        torchmem.install("cpu")
+    empty = torch.empty
+    u8 = torch.uint8
+    results = {}
+    for nbytes in sizes:
+        # Warm up (torchmem's cache, glibc's arenas) and calibrate a batch length.
+        iterations = 64
+        while True:
+            start = now()
+            for _ in range(iterations):
+                t = empty(nbytes, dtype=u8)
+                del t
+            elapsed = now() - start
+            if elapsed >= batch_seconds * 1e9 / 4 or iterations >= 1 << 22:
+                break
+            iterations *= 2
+        iterations = max(16, int(iterations * batch_seconds * 1e9 / max(elapsed, 1)))
+        per_batch = []
+        for _ in range(batches):
+            start = now()
+            for _ in range(iterations):
+                t = empty(nbytes, dtype=u8)
+                del t
+            per_batch.append((now() - start) / iterations)
+        results[str(nbytes)] = statistics.median(per_batch)
+    check = None
+    if allocator == "torchmem":
+        import torchmem
+
+        # Proof that the tensors really came from torchmem.
+        check = torchmem.memory_stats().get("allocation.all.allocated")
+    return {"allocator": allocator, "ns_per_pair": results, "torchmem_allocations": check,
+            "torch": torch.__version__}
+
+
+def run_worker(allocator: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", allocator,
+               "--sizes", ",".join(str(s) for s in args.sizes),
+               "--batch-seconds", str(args.batch_seconds), "--batches", str(args.batches),
+               "--clock", args.clock]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        sys.exit(f"cpu_tensor_benchmark: the {allocator} worker failed:\n{completed.stderr}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="torch.empty + del on CPU: PyTorch's default CPU allocator vs torchmem "
+                    "(separate processes, alternating A/B rounds, medians, ratios).")
+    parser.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
+                        default=DEFAULT_SIZES,
+                        help="comma-separated sizes in bytes (suffixes K, M, G allowed; 0 is the "
+                             "floor row); default 0,4K,16K,64K,256K,1M,4M,16M,64M")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="A/B rounds (each round runs both allocators once, order "
+                             "alternating); default 5")
+    parser.add_argument("--batches", type=int, default=5,
+                        help="timed batches per size within a process (median); default 5")
+    parser.add_argument("--batch-seconds", type=float, default=0.05,
+                        help="target duration of one batch; default 0.05")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="cpu (default): the thread's CPU time, user + system (mmap, "
+                             "munmap and page faults included), robust when other processes "
+                             "share the cores; wall: elapsed time")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--worker", choices=ALLOCATORS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.sizes, args.batch_seconds, args.batches,
+                                args.clock)))
+        return
+
+    samples: dict[str, dict[int, list[float]]] = {a: {s: [] for s in args.sizes}
+                                                  for a in ALLOCATORS}
+    torchmem_allocations = None
+    for round_index in range(args.rounds):
+        order = ALLOCATORS if round_index % 2 == 0 else tuple(reversed(ALLOCATORS))
+        for allocator in order:
+            result = run_worker(allocator, args)
+            if allocator == "torchmem":
+                torchmem_allocations = result["torchmem_allocations"]
+            for size in args.sizes:
+                samples[allocator][size].append(result["ns_per_pair"][str(size)])
+        print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
+
+    rows = []
+    medians = {a: {s: statistics.median(samples[a][s]) for s in args.sizes} for a in ALLOCATORS}
+    floor = {a: medians[a].get(0) for a in ALLOCATORS}
+    print(f"torch.empty(nbytes, dtype=torch.uint8) + del, ns per pair ({args.clock} time, "
+          f"median of {args.rounds} alternating rounds)")
+    print(f"{'size':>12} {'default':>9} {'torchmem':>9} {'speedup':>8}   "
+          f"{'default-floor':>13} {'torchmem-floor':>14}")
+    for size in args.sizes:
+        default = medians["default"][size]
+        ours = medians["torchmem"][size]
+        speedup = default / ours if ours > 0 else float("nan")
+        rows.append({"bytes": size, "default_ns": default, "torchmem_ns": ours,
+                     "speedup_default_over_torchmem": speedup,
+                     "default_samples": samples["default"][size],
+                     "torchmem_samples": samples["torchmem"][size]})
+        label = "0 B (floor)" if size == 0 else format_bytes(size)
+        over = ""
+        if size != 0 and floor["default"] is not None:
+            over = (f"   {default - floor['default']:13.0f} "
+                    f"{ours - floor['torchmem']:14.0f}")
+        print(f"{label:>12} {default:9.0f} {ours:9.0f} {speedup:7.2f}x{over}")
+    print(f"(torchmem served {torchmem_allocations} allocations in its last worker; "
+          f"speedup = default ns / torchmem ns)")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rounds": args.rounds, "clock": args.clock, "rows": rows}, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
