@@ -53,6 +53,14 @@ _EXPORTS = {
     "Finding": "torchmem._leak",
     "GrowthMonitor": "torchmem._growth",
     "GrowthReport": "torchmem._growth",
+    # host RAM per process (RSS: private, shared, file-backed)
+    "rss_report": "torchmem._rss",
+    "rss_delta": "torchmem._rss",
+    "RssReport": "torchmem._rss",
+    "RssDelta": "torchmem._rss",
+    "RssMonitor": "torchmem._rss",
+    # DataLoader workers
+    "worker_init_fn": "torchmem._workers",
     # stacks and history
     "record_history": "torchmem._stack",
     # reports

@@ -3,6 +3,7 @@
     python -m torchmem run train.py --lr 3e-4        # a script, with its own arguments
     python -m torchmem run -m my_pkg.train --lr 3e-4 # a module, like python -m
     python -m torchmem run --snapshot mem.pickle --json report.json train.py
+    python -m torchmem run --rss train.py            # plus host RAM per process (RSS)
     python -m torchmem demo                          # the Composer metrics leak, found
 
 ``run`` installs torchmem before the program starts (the CPU always, CUDA too when a
@@ -13,7 +14,10 @@ runs it as ``__main__`` with its arguments, and when it ends prints to stderr:
 * the leak report: blocks the program allocated that are still alive once its own
   global variables are released (as Python would release them at exit), each with the
   line that allocated it and what holds it, or "cycle" when only the garbage collector
-  could free it (a reference cycle held it, the Composer bug).
+  could free it (a reference cycle held it, the Composer bug);
+* with ``--rss``, host memory per process (``torchmem.rss_report()``: this process and
+  any children still running, RSS split into private, shared-anonymous, file-backed and
+  shared memory) and how this process's RSS changed since the script started.
 
 The program's exit code is kept: ``sys.exit(n)`` gives ``n``; an uncaught exception
 prints its traceback and gives 1, as with ``python script.py``.
@@ -84,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
         help="events the snapshot's timeline keeps per device (default 100000; 0 for state only)",
     )
     run.add_argument("--json", metavar="PATH", help="write the summary and leak findings as JSON at exit")
+    run.add_argument(
+        "--rss",
+        action="store_true",
+        help="also report host RAM (RSS) per process at exit, split into private / shared / file-backed "
+        "(is RSS growth a leak, memory-mapped files, or copy-on-write in workers?)",
+    )
     run.add_argument(
         "--no-leak-report",
         action="store_true",
@@ -231,7 +241,7 @@ def _run_command(args: argparse.Namespace) -> int:
     if snapshot_path is not None:
         entries = _snapshot.DEFAULT_MAX_ENTRIES if args.history_entries is None else args.history_entries
         _snapshot.record_trace(entries)
-    session = _Session(target, served, snapshot_path, json_path, leak_report=not args.no_leak_report)
+    session = _Session(target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss)
     # Registered before the script runs, so called after every atexit function it registers.
     atexit.register(session.finish)
     session.start()
@@ -319,7 +329,9 @@ def _print_exception(exc_type, exc, tb) -> None:
 class _Session:
     """Everything ``run`` reports at exit, and the leak check around the script."""
 
-    def __init__(self, target: _Target, served: list[str], snapshot_path, json_path, *, leak_report: bool):
+    def __init__(
+        self, target: _Target, served: list[str], snapshot_path, json_path, *, leak_report: bool, rss: bool = False
+    ):
         self.target = target
         self.served = served
         self.snapshot_path = snapshot_path
@@ -329,8 +341,15 @@ class _Session:
         self.exit_code: int | None = None
         self._check = None
         self._report = None
+        self.rss = rss
+        self._rss_start = None  # this process's RSS before the script (children have none yet)
+        self._rss = None  # (report at exit, change since the start)
 
     def start(self) -> None:
+        if self.rss:
+            from torchmem import _rss
+
+            self._rss_start = _rss.rss_report(children=False)
         if self.leak_report:
             import torchmem
 
@@ -356,6 +375,12 @@ class _Session:
             except Exception as error:  # noqa: BLE001 - reported, and the rest still runs
                 problems.append(f"could not write the snapshot: {error}")
                 self.snapshot_path = None
+        if self.rss:
+            # Like the snapshot: the state at the end of the script, before its globals go.
+            try:
+                self._rss = self._rss_at_exit()
+            except Exception as error:  # noqa: BLE001 - reported, and the rest still runs
+                problems.append(f"no RSS report: {error}")
         summary = _summary.summary_dict()
         held_by_globals = 0
         if self._check is not None:
@@ -374,6 +399,9 @@ class _Session:
         lines.append(_summary.render(summary))
         if self._report is not None:
             lines += ["", _leak_header(held_by_globals), self._report.render()]
+        if self._rss is not None:
+            at_exit, since_start = self._rss
+            lines += ["", at_exit.render(), since_start.render(title="host memory of this process since the script started:")]
         if self.snapshot_path is not None:
             lines += [
                 "",
@@ -391,6 +419,14 @@ class _Session:
         lines += [f"torchmem: {problem}" for problem in problems]
         print("\n".join(lines), file=out)
         out.flush()
+
+    def _rss_at_exit(self):
+        """(report of this process and its children, change of this process since the start)."""
+        from torchmem import _rss
+
+        at_exit = _rss.rss_report(children=True)
+        main_only = _rss.RssReport(at_exit.time, at_exit.processes[:1], at_exit.torchmem_cpu)
+        return at_exit, _rss.rss_delta(self._rss_start, main_only)
 
     def _release_globals(self) -> None:
         """Releases the script's globals the way Python does at exit (names starting with
@@ -416,6 +452,9 @@ class _Session:
             "released_with_globals_bytes": held_by_globals if self._report is not None else None,
             "leaks": self._report.to_dict() if self._report is not None else None,
             "snapshot": self.snapshot_path,
+            "rss": None
+            if self._rss is None
+            else {"at_exit": self._rss[0].to_dict(), "since_start": self._rss[1].to_dict()},
         }
 
 

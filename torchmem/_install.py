@@ -9,14 +9,14 @@ allocation about to fail runs ``gc.collect()`` once and retries.
 
 from __future__ import annotations
 
-import threading
 
 import torch
 
+from torchmem._locks import ForkSafeLock
 from torchmem import _C
 from torchmem._devices import DeviceLike
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _cuda_installed = False
 
 
@@ -47,6 +47,21 @@ def install(device: DeviceLike = "cuda") -> None:
         else:
             _install_cuda()
         _C.set_gc_retry(True)
+    _import_api_modules()
+
+
+def _import_api_modules() -> None:
+    """Imports the API's modules now rather than on first use.
+
+    ``import torchmem`` loads them lazily, but a process that forks (a DataLoader
+    worker) while another thread is in the middle of such an import gives the child a
+    module lock no thread of the child will release. Once torchmem serves allocations,
+    its modules are imported up front.
+    """
+    import torchmem
+
+    for name in ("tag", "leak_check", "GrowthMonitor", "memory_stats", "summary", "snapshot"):
+        getattr(torchmem, name)
 
 
 def uninstall(device: DeviceLike = "cpu") -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torchmem._locks import ForkSafeLock
 from torchmem import _C, _devices, _owners, _stack
 from torchmem._leak_format import parse_bytes, short_path
 from torchmem._leak_classify import Classifier
@@ -44,7 +45,7 @@ __all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding"]
 # Checks open on each thread, innermost last (closing must be LIFO per thread).
 _thread_state = threading.local()
 # Every open check, on any thread: expect_alive applies to all of them.
-_open_checks_lock = threading.Lock()
+_open_checks_lock = ForkSafeLock()
 _open_checks: list["_OpenCheck"] = []
 
 

@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import threading
 from typing import Any
 
 import torch
 
 import torchmem
+from torchmem._locks import ForkSafeLock
 from torchmem import _report_devices
 from torchmem._report_devices import DevicesArg
 
@@ -79,7 +79,7 @@ _SEGMENT_TYPES = {"small_pool": "small", "large_pool": "large"}
 # which PyTorch reports as id (0, 0).
 _DEFAULT_POOL_ID = (0, 0)
 
-_trace_lock = threading.Lock()
+_trace_lock = ForkSafeLock()
 _trace_max_entries = 0  # 0: not recording
 _trace_turned_on_stacks = False
 

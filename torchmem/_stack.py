@@ -23,9 +23,9 @@ import contextlib
 import functools
 import importlib.util
 import os
-import threading
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
+from torchmem._locks import ForkSafeLock
 from torchmem import _C
 
 __all__ = [
@@ -197,7 +197,7 @@ def capturing() -> Iterator[None]:
         _C.release_stack_capture()
 
 
-_history_lock = threading.Lock()
+_history_lock = ForkSafeLock()
 _history_on = False
 
 
