@@ -25,6 +25,8 @@ a fraction of a microsecond per allocation (see ``torchmem._stack``).
 
 from __future__ import annotations
 
+import collections
+
 import json
 from dataclasses import dataclass, field
 
@@ -175,8 +177,8 @@ class GrowthMonitor:
         )
         self.devices = [_owners.device_key(_devices.normalize(name)) for name in names]
         self.steps = 0
-        # key -> live bytes per sample; key is ("tag", device, tag) or ("site", device, Frame)
-        self._series: dict[tuple, list[int]] = {}
+        # key -> _Trend of its live bytes; key is ("tag", device, tag) or ("site", device, Frame)
+        self._trends: dict[tuple, _Trend] = {}
         self._samples = 0
         self._site_of_context: dict[int, object] = {}
         self._capture = None
@@ -236,15 +238,19 @@ class GrowthMonitor:
                     if site is not None:
                         key = ("site", device, site)
                         values[key] = values.get(key, 0) + block["size"]
+        # Sample k is taken after step k (sample 0 before the first step, when start() was
+        # called); the baseline is the sample at the end of warm-up. A key missing from a
+        # sample has 0 live bytes then.
+        baseline = self._baseline()
         for key, value in values.items():
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = [0] * self._samples
-            series.append(value)
+            if key not in self._trends:
+                self._trends[key] = _Trend.appearing_at(self._samples, baseline)
+        for key, trend in self._trends.items():
+            trend.add(self._samples, baseline, values.get(key, 0))
         self._samples += 1
-        for series in self._series.values():
-            if len(series) < self._samples:
-                series.append(0)
+
+    def _baseline(self) -> int:
+        return self.warmup if self._sampled_at_start else max(self.warmup - 1, 0)
 
     def _site(self, context: int):
         if not context:
@@ -258,28 +264,25 @@ class GrowthMonitor:
     def report(self) -> GrowthReport:
         """Tags and sites whose live bytes rose on every step after warm-up (needs at
         least ``min_steps`` such steps)."""
-        # Sample k is taken after step k (sample 0 before the first step, when start() was
-        # called); the baseline is the sample at the end of warm-up.
-        baseline = self.warmup if self._sampled_at_start else max(self.warmup - 1, 0)
+        baseline = self._baseline()
         measured = max(self._samples - baseline - 1, 0)
         report = GrowthReport(
             steps=self.steps, warmup=self.warmup, min_steps=self.min_steps, measured_steps=measured
         )
         if measured < self.min_steps:
             return report
-        for (kind, device, what), series in self._series.items():
-            window = series[baseline:]
-            if not all(later > earlier for earlier, later in zip(window, window[1:])):
+        for (kind, device, what), trend in self._trends.items():
+            if not trend.rising or trend.points < 2:
                 continue
-            total = window[-1] - window[0]
+            total = trend.last - trend.first
             if kind == "tag":
                 name, frame = what, None
             else:
                 name, frame = f"{short_path(what.filename)}:{what.line}", what
             report.growing.append(
                 Growth(
-                    kind=kind, device=device, name=name, bytes_per_step=total / (len(window) - 1),
-                    total_bytes=total, steps=len(window) - 1, series=tuple(window), frame=frame,
+                    kind=kind, device=device, name=name, bytes_per_step=total / (trend.points - 1),
+                    total_bytes=total, steps=trend.points - 1, series=tuple(trend.recent), frame=frame,
                 )
             )
         report.growing.sort(key=lambda growth: (growth.kind != "tag", -growth.total_bytes))
@@ -287,3 +290,45 @@ class GrowthMonitor:
 
 
 _UNKNOWN = object()
+
+
+class _Trend:
+    """What the monitor keeps of one key's live bytes: enough to judge "rose on every
+    step after warm-up" in O(1) memory however long the loop runs.
+
+    ``first`` is the value at the baseline sample, ``last`` the latest, ``points`` the
+    samples since the baseline (inclusive), ``rising`` whether each was above the one
+    before, and ``recent`` the last ``RECENT`` values for reports.
+    """
+
+    RECENT = 64
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.last = 0
+        self.points = 0
+        self.rising = True
+        self.recent: collections.deque[int] = collections.deque(maxlen=self.RECENT)
+
+    @classmethod
+    def appearing_at(cls, sample: int, baseline: int) -> "_Trend":
+        """A key first seen at ``sample``: it had 0 bytes at every earlier sample, so it
+        rose on every step only if the baseline sample was the one just before."""
+        trend = cls()
+        zeros = sample - baseline  # samples from the baseline on at which it had 0 bytes
+        if zeros > 0:
+            trend.points = zeros
+            trend.rising = zeros == 1
+            trend.recent.extend([0] * min(zeros, cls.RECENT))
+        return trend
+
+    def add(self, sample: int, baseline: int, value: int) -> None:
+        if sample < baseline:
+            return
+        if self.points == 0:
+            self.first = value
+        elif value <= self.last:
+            self.rising = False
+        self.last = value
+        self.points += 1
+        self.recent.append(value)

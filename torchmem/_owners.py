@@ -118,11 +118,18 @@ def _global_name(function) -> str | None:
 
 
 def _live_frames() -> list:
+    """Every frame of every thread, innermost first, except this function's own: its
+    frame holds the list, and a list holding that frame would be a reference cycle that
+    keeps every frame, and every local of the checked code, alive until the next gc."""
+    here = sys._getframe()
     frames = []
     for frame in sys._current_frames().values():
+        if frame is here:
+            frame = frame.f_back
         while frame is not None:
             frames.append(frame)
             frame = frame.f_back
+    del here
     return frames
 
 

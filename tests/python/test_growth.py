@@ -152,3 +152,18 @@ def test_bad_settings_are_rejected():
         torchmem.GrowthMonitor(min_steps=0)
     with pytest.raises(ValueError, match="not a device name"):
         torchmem.GrowthMonitor(devices=["gpu0"])
+
+
+def test_the_monitor_keeps_bounded_state_however_long_the_loop_runs():
+    # A monitor stepped every iteration of a days-long job must not grow with the steps:
+    # it keeps a running summary per tag and site, and only the last values for reports.
+    with torchmem.GrowthMonitor(warmup=1, by_site=False) as monitor:
+        for _ in range(300):
+            leaky_step()
+            monitor.step()
+    (growth,) = [growth for growth in monitor.report().tags if growth.name == "history"]
+    assert growth.steps == 299
+    assert growth.total_bytes == 299 * 1024
+    assert len(growth.series) == 64
+    assert growth.series[-1] - growth.series[0] == 63 * 1024
+    assert all(len(trend.recent) <= 64 for trend in monitor._trends.values())

@@ -190,6 +190,7 @@ def test_record_trace_records_alloc_and_free_with_pytorchs_keys_and_sizes():
 
 
 def test_record_trace_records_segments_obtained_and_released():
+    torchmem.empty_cache("cpu")  # so that no cached block of earlier tests can serve it
     _snapshot.record_trace(1000)
     tensor = allocate(30 << 20)  # a large request gets a segment of its own
     address = tensor.untyped_storage().data_ptr()
