@@ -6,11 +6,10 @@
 //   kAllocated   - handed out to a caller;
 //   kPendingFree - freed by its caller, but still used by work queued on other
 //                  streams (record_stream); reusable once their events complete;
-//   kFree        - cached, reusable; it sits in exactly one index of its
-//                  segment's FreeLists: the best-fit tree, or the exact-size
-//                  cache ("parked").
-// Blocks in the tree never touch another free block (they are merged);
-// parked blocks are merged lazily (see FreeLists).
+//   kFree        - cached, reusable; indexed in its segment's FreeLists.
+// A free block never touches another free block: they are merged when the
+// second one is freed (as in PyTorch), so the index always holds the largest
+// free extents and best fit decides like PyTorch's allocator.
 //
 // The metadata fields describe the current (or last) allocation of the block
 // and are stamped when it is handed out, so that accounting on free is O(1)
@@ -44,8 +43,8 @@ inline const char* BlockStateName(BlockState state) {
   return "?";
 }
 
-// Where a free block is indexed.
-enum class FreeIndex : std::uint8_t { kNone, kTree, kParked };
+// Where a free block is indexed in its FreeLists.
+enum class FreeIndex : std::uint8_t { kNone, kClassList, kOversized };
 
 struct Block;
 
@@ -79,7 +78,7 @@ struct Block {
   std::vector<StreamId> stream_uses;
   int pending_events = 0;
 
-  // Exact-size cache links (FreeIndex::kParked).
+  // Links of its size class's free list (FreeIndex::kClassList).
   Block* cache_prev = nullptr;
   Block* cache_next = nullptr;
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/base/optimization.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "torchmem/core/context_capture.h"
 #include "torchmem/core/fork_safety.h"
@@ -121,36 +122,19 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
   const std::size_t rounded = policy_.RoundSize(size);
   const PoolKind pool = policy_.PoolFor(rounded);
   FreeLists& lists = ListsFor(stream).pools[static_cast<int>(pool)];
-  // Fast path: a block of exactly this size was freed on this stream.
-  Block* block = lists.TakeParkedExact(rounded);
+  // Best fit over this stream's free blocks of the pool: O(1), and in the
+  // common case of a training loop, a block of exactly this size.
+  Block* block = lists.TakeBestFit(rounded);
   if (block == nullptr) {
-    block = TakeBestFit(lists, rounded);
-    if (block == nullptr && lists.parked_count() > 0) {
-      // Parked blocks may merge with their neighbours into a large enough
-      // extent; only then is a new segment needed.
-      while (Block* parked = lists.TakeAnyParked()) InsertMerged(parked);
-      block = TakeBestFit(lists, rounded);
-    }
-    if (block == nullptr) {
-      absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
-      if (!fresh.ok()) return fresh.status();
-      block = *fresh;
-    }
-    if (policy_.ShouldSplit(pool, block->size, rounded)) SplitBlock(block, rounded);
+    absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
+    if (!fresh.ok()) return fresh.status();
+    block = *fresh;
+  }
+  if (block->size != rounded && policy_.ShouldSplit(pool, block->size, rounded)) {
+    SplitBlock(block, rounded);
   }
   MarkAllocated(block, size, attribution, context);
   return block;
-}
-
-Block* Engine::TakeBestFit(FreeLists& lists, std::size_t size) {
-  Block* in_tree = lists.BestFitTree(size);
-  Block* parked = lists.BestFitParked(size);
-  if (parked != nullptr && (in_tree == nullptr || parked->size < in_tree->size)) {
-    lists.Unpark(parked);
-    return parked;
-  }
-  if (in_tree != nullptr) lists.TreeErase(in_tree);
-  return in_tree;
 }
 
 absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool,
@@ -163,10 +147,18 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   if (!address.ok() && absl::IsResourceExhausted(address.status())) {
     // Second rung: give every cached segment back, then ask again.
     ++stats_.num_alloc_retries;
-    SynchronizeAllEvents();
-    MergeAllParked();
-    (void)ReleaseFreeSegments();
+    absl::Status reclaimed = SynchronizeAllEvents();
+    absl::Status released = ReleaseFreeSegments();
+    if (reclaimed.ok()) reclaimed = released;
     address = BackendAllocate(segment_size, stream);
+    if (!address.ok() && !reclaimed.ok()) {
+      // Say why the cache could not make room, or the error would blame a
+      // full device while the cache still holds the memory.
+      address = absl::Status(address.status().code(),
+                             absl::StrCat(address.status().message(),
+                                          "; the cache could not make room first: ",
+                                          reclaimed.message()));
+    }
   }
   if (!address.ok()) return address.status();
 
@@ -233,27 +225,22 @@ void Engine::SplitBlock(Block* block, std::size_t size) {
 void Engine::InsertMerged(Block* block) {
   FreeLists& lists = *block->segment->lists;
   // Only indexed neighbours merge: an unindexed free block is one the
-  // engine is handing out right now.
+  // engine is handing out right now (the head of a block being split).
   auto detach_if_free = [&lists](Block* neighbour) {
-    if (neighbour == nullptr || neighbour->state != BlockState::kFree) return false;
-    if (neighbour->index == FreeIndex::kTree) {
-      lists.TreeErase(neighbour);
-    } else if (neighbour->index == FreeIndex::kParked) {
-      lists.Unpark(neighbour);
-    } else {
+    if (neighbour == nullptr || neighbour->state != BlockState::kFree ||
+        neighbour->index == FreeIndex::kNone) {
       return false;
     }
+    lists.Remove(neighbour);
     return true;
   };
-  // A parked neighbour may itself touch further free blocks (parked blocks
-  // are not merged), so keep absorbing until both neighbours are in use.
-  while (detach_if_free(block->prev)) {
+  if (detach_if_free(block->prev)) {
     Block* prev = block->prev;
     AbsorbNeighbour(prev, block);
     block = prev;
   }
-  while (detach_if_free(block->next)) AbsorbNeighbour(block, block->next);
-  lists.TreeInsert(block);
+  if (detach_if_free(block->next)) AbsorbNeighbour(block, block->next);
+  lists.Insert(block);
 }
 
 void Engine::AbsorbNeighbour(Block* block, Block* neighbour) {
@@ -369,7 +356,7 @@ void Engine::MakeReusable(Block* block) {
   block->state = BlockState::kFree;
   block->stream_uses.clear();
   AddInactiveSplit(block);
-  block->segment->lists->Park(block);
+  InsertMerged(block);
 }
 
 absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
@@ -462,40 +449,37 @@ void Engine::ProcessEventsLocked() {
   }
 }
 
-void Engine::SynchronizeAllEvents() {
-  if (outstanding_events_ == 0) return;
+absl::Status Engine::SynchronizeAllEvents() {
+  absl::Status first_error;
+  if (outstanding_events_ == 0) return first_error;
   ++stats_.num_sync_all_streams;
   for (auto& [stream, queue] : pending_events_) {
     while (!queue.empty()) {
       const PendingEvent pending = queue.front();
-      if (!backend_->SynchronizeEvent(pending.event).ok()) break;
+      if (absl::Status synced = backend_->SynchronizeEvent(pending.event); !synced.ok()) {
+        if (first_error.ok()) {
+          first_error = absl::Status(
+              synced.code(),
+              absl::StrFormat("torchmem: could not wait for work on stream %#x on %s (its "
+                              "blocks stay pending): %s",
+                              stream, device_name_, synced.message()));
+        }
+        break;
+      }
       queue.pop_front();
       backend_->ReleaseEvent(pending.event);
       --outstanding_events_;
       if (--pending.block->pending_events == 0) MakeReusable(pending.block);
     }
   }
+  return first_error;
 }
 
 // --- cache management -------------------------------------------------------
 
-void Engine::MergeCachedBlocks() {
-  MutexLock lock(&mutex_);
-  MergeAllParked();
-}
-
-void Engine::MergeAllParked() {
-  for (auto& [stream, lists] : streams_) {
-    for (FreeLists& pool : lists->pools) {
-      while (Block* parked = pool.TakeAnyParked()) InsertMerged(parked);
-    }
-  }
-}
-
 absl::Status Engine::EmptyCache() {
   MutexLock lock(&mutex_);
   ProcessEventsLocked();
-  MergeAllParked();
   return ReleaseFreeSegments();
 }
 
@@ -504,8 +488,7 @@ absl::Status Engine::ReleaseFreeSegments() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment& segment = *it->second;
     Block* block = segment.first;
-    if (block->state != BlockState::kFree || block->IsSplit() ||
-        block->index != FreeIndex::kTree) {
+    if (block->state != BlockState::kFree || block->IsSplit()) {
       ++it;
       continue;
     }
@@ -521,7 +504,7 @@ absl::Status Engine::ReleaseFreeSegments() {
       ++it;
       continue;
     }
-    segment.lists->TreeErase(block);
+    segment.lists->Remove(block);
     blocks_.erase(block->address);
     DeleteBlock(block);
     stats_.segment.Decrease(segment.pool, 1);
@@ -559,7 +542,13 @@ absl::Status Engine::SetMemoryFraction(double fraction) {
   MutexLock lock(&mutex_);
   absl::StatusOr<std::size_t> capacity = backend_->Capacity();
   if (!capacity.ok()) return capacity.status();
-  memory_limit_ = static_cast<std::size_t>(fraction * static_cast<double>(*capacity));
+  // A fraction always sets a limit: at least one byte (0 would mean "no
+  // limit"), at most the capacity (the product may round up to 2^64, which
+  // does not convert to size_t).
+  const double bytes = fraction * static_cast<double>(*capacity);
+  const std::size_t limit =
+      bytes >= static_cast<double>(*capacity) ? *capacity : static_cast<std::size_t>(bytes);
+  memory_limit_ = std::max<std::size_t>(limit, 1);
   return absl::OkStatus();
 }
 
@@ -575,10 +564,7 @@ Engine::StreamLists& Engine::ListsFor(StreamId stream) {
     return *last_stream_;
   }
   auto [it, inserted] = streams_.try_emplace(stream, nullptr);
-  if (inserted) {
-    it->second = std::make_unique<StreamLists>();
-    it->second->stream = stream;
-  }
+  if (inserted) it->second = std::make_unique<StreamLists>(stream, policy_.min_block_size);
   last_stream_ = it->second.get();
   return *last_stream_;
 }

@@ -18,8 +18,8 @@
 //
 // Invariants (CheckInvariants verifies them):
 //   - every byte of every segment lies in exactly one block;
-//   - free blocks in the best-fit tree have no free neighbour;
-//   - each free block is in exactly one index, allocated/pending ones in none;
+//   - no free block has a free neighbour (they merge when freed);
+//   - each free block is indexed exactly once, allocated/pending ones never;
 //   - every statistic equals a recount of the blocks;
 //   - per-tag and per-scope counters equal a recount.
 //
@@ -146,12 +146,8 @@ class Engine {
   // sees them.
   ScopeSurvivors CollectScope(ScopeId scope, ScopeId parent);
 
-  // Verifies the invariants listed at the top of this file. With
-  // `require_full_merge`, parked blocks must not touch free blocks either
-  // (true right after EmptyCache or MergeCachedBlocks).
-  absl::Status CheckInvariants(bool require_full_merge = false) const;
-  // Merges all parked blocks into the best-fit tree.
-  void MergeCachedBlocks();
+  // Verifies the invariants listed at the top of this file.
+  absl::Status CheckInvariants() const;
 
   // Keeps the last `max_entries` events (alloc, free, segment, oom) in a
   // ring; 0 turns recording off and drops the history.
@@ -169,6 +165,8 @@ class Engine {
 
  private:
   struct StreamLists {
+    explicit StreamLists(StreamId id, std::size_t unit)
+        : stream(id), pools{FreeLists(unit), FreeLists(unit)} {}
     StreamId stream = 0;
     FreeLists pools[kNumPools];
   };
@@ -189,7 +187,6 @@ class Engine {
   absl::StatusOr<Block*> AllocateLocked(std::size_t size, StreamId stream,
                                         const Attribution& attribution, ContextId context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  Block* TakeBestFit(FreeLists& lists, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded_size, PoolKind pool, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<std::uintptr_t> BackendAllocate(std::size_t segment_size, StreamId stream)
@@ -204,8 +201,9 @@ class Engine {
   void MakeReusable(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RecordPendingEvents(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void SynchronizeAllEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void MergeAllParked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Waits for every pending event; returns the first failure (the blocks
+  // of that stream stay pending).
+  absl::Status SynchronizeAllEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status ReleaseFreeSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::string OutOfMemoryMessage(std::size_t size, std::size_t rounded,
                                  const absl::Status& cause) const

@@ -24,16 +24,25 @@ struct Recount {
   std::size_t pending_events = 0;
 };
 
+absl::Status CompareStat(const char* name, const char* type, const Stat& expected,
+                         const Stat& actual) {
+  if (expected.current != actual.current) {
+    return Violation(absl::StrFormat("%s.%s.current is %d, recount gives %d", name, type,
+                                     actual.current, expected.current));
+  }
+  if (actual.peak < actual.current) {
+    return Violation(absl::StrFormat("%s.%s.peak %d is below current %d", name, type,
+                                     actual.peak, actual.current));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CompareArray(const char* name, const StatArray& expected, const StatArray& actual) {
-  for (int i = 0; i < 1 + kNumPools; ++i) {
-    if (expected.by_type[i].current != actual.by_type[i].current) {
-      return Violation(absl::StrFormat("%s[%d].current is %d, recount gives %d", name, i,
-                                       actual.by_type[i].current, expected.by_type[i].current));
-    }
-    if (actual.by_type[i].peak < actual.by_type[i].current) {
-      return Violation(absl::StrFormat("%s[%d].peak %d is below current %d", name, i,
-                                       actual.by_type[i].peak, actual.by_type[i].current));
-    }
+  for (absl::Status status :
+       {CompareStat(name, "all", expected.all(), actual.all()),
+        CompareStat(name, "small_pool", expected.pool(PoolKind::kSmall), actual.pool(PoolKind::kSmall)),
+        CompareStat(name, "large_pool", expected.pool(PoolKind::kLarge), actual.pool(PoolKind::kLarge))}) {
+    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }
@@ -42,17 +51,17 @@ const char* IndexName(FreeIndex index) {
   switch (index) {
     case FreeIndex::kNone:
       return "unindexed";
-    case FreeIndex::kTree:
-      return "tree";
-    case FreeIndex::kParked:
-      return "parked";
+    case FreeIndex::kClassList:
+      return "class list";
+    case FreeIndex::kOversized:
+      return "oversized";
   }
   return "?";
 }
 
 }  // namespace
 
-absl::Status Engine::CheckInvariants(bool require_full_merge) const {
+absl::Status Engine::CheckInvariants() const {
   MutexLock lock(&mutex_);
   Recount recount;
   for (const auto& [address, segment_ptr] : segments_) {
@@ -125,13 +134,10 @@ absl::Status Engine::CheckInvariants(bool require_full_merge) const {
           }
           for (const Block* neighbour : {block->prev, block->next}) {
             if (neighbour == nullptr || neighbour->state != BlockState::kFree) continue;
-            if (require_full_merge ||
-                (block->index == FreeIndex::kTree && neighbour->index == FreeIndex::kTree)) {
-              return Violation(absl::StrFormat(
-                  "free blocks %#x (%s) and %#x (%s) are neighbours but not merged",
-                  block->address, IndexName(block->index), neighbour->address,
-                  IndexName(neighbour->index)));
-            }
+            return Violation(absl::StrFormat(
+                "free blocks %#x (%s) and %#x (%s) are neighbours but not merged",
+                block->address, IndexName(block->index), neighbour->address,
+                IndexName(neighbour->index)));
           }
           break;
         }

@@ -1,81 +1,108 @@
 #include "torchmem/core/free_lists.h"
 
+#include <bit>
 #include <cassert>
 
 namespace torchmem {
 
-void FreeLists::Park(Block* block) {
+FreeLists::FreeLists(std::size_t unit) : unit_shift_(std::countr_zero(unit)) {
+  assert(std::has_single_bit(unit));
+}
+
+void FreeLists::SetBit(std::size_t cls) {
+  const std::size_t word = cls / 64;
+  bits_[word] |= std::uint64_t{1} << (cls % 64);
+  summary_[word / 64] |= std::uint64_t{1} << (word % 64);
+}
+
+void FreeLists::ClearBit(std::size_t cls) {
+  const std::size_t word = cls / 64;
+  bits_[word] &= ~(std::uint64_t{1} << (cls % 64));
+  if (bits_[word] == 0) summary_[word / 64] &= ~(std::uint64_t{1} << (word % 64));
+}
+
+std::size_t FreeLists::FirstNonEmptyFrom(std::size_t cls) const {
+  std::size_t word = cls / 64;
+  const std::uint64_t here = bits_[word] & (~std::uint64_t{0} << (cls % 64));
+  if (here != 0) return word * 64 + std::countr_zero(here);
+  // Look for the next non-empty bitmap word through the summary.
+  ++word;
+  for (std::size_t summary = word / 64; summary < kSummaryWords; ++summary) {
+    std::uint64_t mask = summary_[summary];
+    if (summary == word / 64) mask &= ~std::uint64_t{0} << (word % 64);
+    if (mask != 0) {
+      const std::size_t found = summary * 64 + std::countr_zero(mask);
+      return found * 64 + std::countr_zero(bits_[found]);
+    }
+  }
+  return kClassCount;
+}
+
+void FreeLists::Insert(Block* block) {
   assert(block->index == FreeIndex::kNone);
-  auto [it, inserted] = parked_heads_.try_emplace(block->size, nullptr);
-  if (inserted) parked_sizes_.insert(block->size);
-  Block*& head = it->second;
-  block->cache_prev = nullptr;
-  block->cache_next = head;
-  if (head != nullptr) head->cache_prev = block;
-  head = block;
-  block->index = FreeIndex::kParked;
-  ++parked_count_;
+  ++count_;
+  const std::size_t cls = ClassOf(block->size);
+  if (cls >= kClassCount) {
+    oversized_.insert(block);
+    block->index = FreeIndex::kOversized;
+    return;
+  }
+  // Keep the list in address order, so that the head is the lowest address.
+  Block*& head = Head(cls);
+  if (head == nullptr) SetBit(cls);
+  Block* prev = nullptr;
+  Block* next = head;
+  while (next != nullptr && next->address < block->address) {
+    prev = next;
+    next = next->cache_next;
+  }
+  block->cache_prev = prev;
+  block->cache_next = next;
+  if (prev != nullptr) {
+    prev->cache_next = block;
+  } else {
+    head = block;
+  }
+  if (next != nullptr) next->cache_prev = block;
+  block->index = FreeIndex::kClassList;
 }
 
-void FreeLists::Unpark(Block* block) {
-  assert(block->index == FreeIndex::kParked);
-  Unlink(block, parked_heads_.find(block->size)->second);
-}
-
-void FreeLists::Unlink(Block* block, Block*& head) {
+void FreeLists::Remove(Block* block) {
+  --count_;
+  if (block->index == FreeIndex::kOversized) {
+    oversized_.erase(block);
+    block->index = FreeIndex::kNone;
+    return;
+  }
+  assert(block->index == FreeIndex::kClassList);
+  const std::size_t cls = ClassOf(block->size);
   if (block->cache_prev != nullptr) {
     block->cache_prev->cache_next = block->cache_next;
   } else {
+    Block*& head = Head(cls);
     head = block->cache_next;
+    if (head == nullptr) ClearBit(cls);
   }
   if (block->cache_next != nullptr) block->cache_next->cache_prev = block->cache_prev;
   block->cache_prev = block->cache_next = nullptr;
   block->index = FreeIndex::kNone;
-  --parked_count_;
 }
 
-Block* FreeLists::BestFitParked(std::size_t size) {
-  if (parked_count_ == 0) return nullptr;
-  auto it = parked_sizes_.lower_bound(size);
-  while (it != parked_sizes_.end()) {
-    auto head = parked_heads_.find(*it);
-    if (head->second != nullptr) return head->second;
-    parked_heads_.erase(head);
-    it = parked_sizes_.erase(it);
+Block* FreeLists::PeekBestFit(std::size_t size) const {
+  const std::size_t cls = ClassOf(size);
+  if (cls < kClassCount) {
+    const std::size_t found = FirstNonEmptyFrom(cls);
+    if (found < kClassCount) return HeadOrNull(found);
   }
-  return nullptr;
+  // Every oversized block is larger than every class block.
+  auto it = oversized_.lower_bound(SizeProbe{size});
+  return it == oversized_.end() ? nullptr : *it;
 }
 
-Block* FreeLists::TakeAnyParked() {
-  while (parked_count_ > 0) {
-    auto it = parked_sizes_.begin();
-    auto head = parked_heads_.find(*it);
-    if (head->second != nullptr) {
-      Block* block = head->second;
-      Unlink(block, head->second);
-      return block;
-    }
-    parked_heads_.erase(head);
-    parked_sizes_.erase(it);
-  }
-  return nullptr;
-}
-
-void FreeLists::TreeInsert(Block* block) {
-  assert(block->index == FreeIndex::kNone);
-  tree_.insert(block);
-  block->index = FreeIndex::kTree;
-}
-
-void FreeLists::TreeErase(Block* block) {
-  assert(block->index == FreeIndex::kTree);
-  tree_.erase(block);
-  block->index = FreeIndex::kNone;
-}
-
-Block* FreeLists::BestFitTree(std::size_t size) const {
-  auto it = tree_.lower_bound(SizeProbe{size});
-  return it == tree_.end() ? nullptr : *it;
+Block* FreeLists::TakeBestFit(std::size_t size) {
+  Block* block = PeekBestFit(size);
+  if (block != nullptr) Remove(block);
+  return block;
 }
 
 }  // namespace torchmem

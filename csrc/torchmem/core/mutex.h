@@ -17,8 +17,6 @@ class ABSL_LOCKABLE Mutex {
  public:
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mutex_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mutex_.unlock(); }
-  // For code (e.g. fork handlers) that must know whether it may take the lock.
-  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mutex_.try_lock(); }
 
  private:
   std::mutex mutex_;

@@ -38,41 +38,56 @@ struct Stat {
 
   void Increase(std::int64_t amount) {
     current += amount;
-    allocated += amount;
+    allocated = WrappingAdd(allocated, amount);
     peak = std::max(peak, current);
   }
   void Decrease(std::int64_t amount) {
     current -= amount;
-    freed += amount;
+    freed = WrappingAdd(freed, amount);
+  }
+  // The running totals only grow; after exabytes of churn they wrap around
+  // (as unsigned counters do) instead of overflowing, which would be
+  // undefined behaviour. `current` stays bounded by the device's memory.
+  static std::int64_t WrappingAdd(std::int64_t total, std::int64_t amount) {
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(total) +
+                                     static_cast<std::uint64_t>(amount));
   }
   void ResetPeak() { peak = current; }
   void ResetAccumulated() { allocated = freed = 0; }
 };
 
-// One Stat for the aggregate and one per pool, indexed like PyTorch's StatType.
+// One Stat per pool, and the aggregate over pools (PyTorch's StatType
+// AGGREGATE). The aggregate's current, allocated and freed are sums, so only
+// its peak is kept up to date: every update on the allocation hot path
+// touches one pool's counters and one max, not two full Stats.
 struct StatArray {
-  static constexpr int kAll = 0;
-  std::array<Stat, 1 + kNumPools> by_type;
+  std::array<Stat, kNumPools> pools;
+  std::int64_t all_peak = 0;
 
-  static int Index(PoolKind pool) { return 1 + static_cast<int>(pool); }
-  Stat& all() { return by_type[kAll]; }
-  const Stat& all() const { return by_type[kAll]; }
-  Stat& pool(PoolKind p) { return by_type[Index(p)]; }
-  const Stat& pool(PoolKind p) const { return by_type[Index(p)]; }
+  Stat& pool(PoolKind p) { return pools[static_cast<int>(p)]; }
+  const Stat& pool(PoolKind p) const { return pools[static_cast<int>(p)]; }
+  Stat all() const {
+    Stat sum;
+    for (const Stat& s : pools) {
+      sum.current += s.current;
+      sum.allocated = Stat::WrappingAdd(sum.allocated, s.allocated);
+      sum.freed = Stat::WrappingAdd(sum.freed, s.freed);
+    }
+    sum.peak = all_peak;
+    return sum;
+  }
 
   void Increase(PoolKind p, std::int64_t amount) {
-    by_type[kAll].Increase(amount);
-    by_type[Index(p)].Increase(amount);
+    pool(p).Increase(amount);
+    all_peak = std::max(all_peak, pools[0].current + pools[1].current);
   }
-  void Decrease(PoolKind p, std::int64_t amount) {
-    by_type[kAll].Decrease(amount);
-    by_type[Index(p)].Decrease(amount);
-  }
+  void Decrease(PoolKind p, std::int64_t amount) { pool(p).Decrease(amount); }
   void ResetPeak() {
-    for (Stat& s : by_type) s.ResetPeak();
+    for (Stat& s : pools) s.ResetPeak();
+    all_peak = pools[0].current + pools[1].current;
   }
   void ResetAccumulated() {
-    for (Stat& s : by_type) s.ResetAccumulated();
+    for (Stat& s : pools) s.ResetAccumulated();
   }
 };
 

@@ -267,15 +267,14 @@ void RegisterEngine(py::module_& m) {
            })
       .def(
           "check_invariants",
-          [](EngineHandle& h, bool require_full_merge) {
+          [](EngineHandle& h) {
             absl::Status status;
             {
               py::gil_scoped_release release;
-              status = h->CheckInvariants(require_full_merge);
+              status = h->CheckInvariants();
             }
             ThrowIfError(status);
-          },
-          py::arg("require_full_merge") = false);
+          });
 }
 
 }  // namespace torchmem::python

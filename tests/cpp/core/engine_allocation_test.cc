@@ -53,18 +53,17 @@ TEST_F(EngineTest, BestFitPicksTheSmallestFreeBlockThatFits) {
   Free(hole_4k);
   Free(hole_1k);
   Free(hole_2k);
-  engine_->MergeCachedBlocks();
   // 1.5 KiB fits the 2 KiB hole best (not the 4 KiB one, nor the segment tail).
   void* ptr = Allocate(1536);
   EXPECT_EQ(ptr, hole_2k);
   for (void* p : {ptr, keep1, keep2, keep3}) Free(p);
 }
 
-TEST_F(EngineTest, BestFitAlsoConsidersBlocksWaitingInTheExactSizeCache) {
+TEST_F(EngineTest, BestFitSplitsTheSmallestHoleRatherThanTheSegmentTail) {
   void* hole_8k = Allocate(8192);
   void* keep = Allocate(512);
-  Free(hole_8k);  // parked, not merged into the tree
-  // 6 KiB: the parked 8 KiB block is a better fit than the segment's tail.
+  Free(hole_8k);
+  // 6 KiB: the 8 KiB hole is a better fit than the segment's tail.
   void* ptr = Allocate(6144);
   EXPECT_EQ(ptr, hole_8k);
   Free(ptr);
@@ -75,17 +74,15 @@ TEST_F(EngineTest, AdjacentFreeBlocksMergeBackIntoOneSegmentBlock) {
   std::vector<void*> blocks;
   for (int i = 0; i < 8; ++i) blocks.push_back(Allocate(64 * kKiB));
   for (void* ptr : blocks) Free(ptr);
-  engine_->MergeCachedBlocks();
-  EXPECT_TRUE(engine_->CheckInvariants(/*require_full_merge=*/true).ok());
   const std::vector<SegmentInfo> segments = engine_->GetSegments();
   ASSERT_EQ(segments.size(), 1u);
   EXPECT_EQ(segments[0].blocks.size(), 1u);
   EXPECT_EQ(Stats().inactive_split_bytes.all().current, 0);
 }
 
-TEST_F(EngineTest, ParkedBlocksMergeBeforeANewSegmentIsRequested) {
-  // Fill a 2 MiB segment with 512 KiB blocks, free them all (they park),
-  // then ask for 1 MiB: the parked blocks merge instead of growing.
+TEST_F(EngineTest, FreedNeighboursMergeSoALargerRequestFitsWithoutGrowing) {
+  // Fill a 2 MiB segment with 512 KiB blocks, free them all (they merge),
+  // then ask for 1 MiB: it fits in the merged space.
   std::vector<void*> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(Allocate(512 * kKiB));
   EXPECT_EQ(Stats().segment.all().current, 1);
@@ -218,7 +215,7 @@ TEST_F(EngineTest, FragmentationTreatsAdjacentFreeBlocksAsOneExtent) {
   void* b = Allocate(512 * kKiB);
   void* keep = Allocate(512 * kKiB);
   Free(a);
-  Free(b);  // a and b are parked separately but adjacent
+  Free(b);  // a and b merge into one 1 MiB free block
   const FragmentationReport report = engine_->GetFragmentation();
   EXPECT_EQ(report.all.reserved_bytes, static_cast<std::int64_t>(2 * kMiB));
   EXPECT_EQ(report.all.free_bytes, static_cast<std::int64_t>(1536 * kKiB));

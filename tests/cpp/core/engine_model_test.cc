@@ -215,7 +215,7 @@ TEST_P(EngineModelTest, StatisticsEqualTheModelAfterEveryOperation) {
   EXPECT_EQ(engine.GetStats().reserved_bytes.all().current, 0);
   EXPECT_EQ(backend.live_segments(), 0);
   EXPECT_EQ(backend.live_events(), 0);
-  EXPECT_TRUE(engine.CheckInvariants(/*require_full_merge=*/true).ok());
+  EXPECT_TRUE(engine.CheckInvariants().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, EngineModelTest, ::testing::Range(0, 12));
