@@ -11,26 +11,9 @@ namespace {
 // Gap between fake segments, so an off-by-one address never lands in the
 // next segment.
 constexpr std::uintptr_t kAddressGap = std::uintptr_t{2} << 20;
-
-const char* CallName(ControlledBackend::Call call) {
-  switch (call) {
-    case ControlledBackend::Call::kAllocateSegment:
-      return "AllocateSegment";
-    case ControlledBackend::Call::kReleaseSegment:
-      return "ReleaseSegment";
-    case ControlledBackend::Call::kCapacity:
-      return "Capacity";
-    case ControlledBackend::Call::kRecordEvent:
-      return "RecordEvent";
-    case ControlledBackend::Call::kQueryEvent:
-      return "QueryEvent";
-    case ControlledBackend::Call::kSynchronizeEvent:
-      return "SynchronizeEvent";
-    case ControlledBackend::Call::kNumCalls:
-      break;
-  }
-  return "?";
-}
+// Fake segments are handed out below this address; a request that would
+// cross it fails like a full device (fuzzers ask for absurd sizes).
+constexpr std::uintptr_t kAddressLimit = std::uintptr_t{1} << 62;
 
 }  // namespace
 
@@ -40,16 +23,6 @@ ControlledBackend::~ControlledBackend() {
   MutexLock lock(&mutex_);
   if (!options_.real_memory) return;
   for (const auto& [address, size] : segments_) munmap(reinterpret_cast<void*>(address), size);
-}
-
-void ControlledBackend::FailNext(Call call, int count, absl::StatusCode code, int skip) {
-  MutexLock lock(&mutex_);
-  failures_[static_cast<int>(call)] = Failure{skip, count, code};
-}
-
-void ControlledBackend::ClearFailures() {
-  MutexLock lock(&mutex_);
-  for (Failure& failure : failures_) failure = Failure{};
 }
 
 void ControlledBackend::CompleteStream(StreamId stream) {
@@ -93,37 +66,12 @@ std::int64_t ControlledBackend::live_events() const {
   return static_cast<std::int64_t>(events_.size());
 }
 
-std::int64_t ControlledBackend::calls(Call call) const {
-  MutexLock lock(&mutex_);
-  return calls_[static_cast<int>(call)];
-}
-
-std::int64_t ControlledBackend::failures_injected() const {
-  MutexLock lock(&mutex_);
-  return failures_injected_;
-}
-
-absl::Status ControlledBackend::Enter(Call call) {
-  ++calls_[static_cast<int>(call)];
-  Failure& failure = failures_[static_cast<int>(call)];
-  if (failure.count == 0) return absl::OkStatus();
-  if (failure.skip > 0) {
-    --failure.skip;
-    return absl::OkStatus();
-  }
-  --failure.count;
-  ++failures_injected_;
-  return absl::Status(failure.code,
-                      absl::StrFormat("injected failure of %s on %s", CallName(call),
-                                      options_.device_name));
-}
-
 absl::StatusOr<std::uintptr_t> ControlledBackend::AllocateSegment(std::size_t size,
                                                                   StreamId stream) {
   (void)stream;
   MutexLock lock(&mutex_);
-  if (absl::Status injected = Enter(Call::kAllocateSegment); !injected.ok()) return injected;
-  if (live_bytes_ + size > options_.capacity_bytes) {
+  // Written so that no sum can overflow, whatever the capacity and size.
+  if (live_bytes_ > options_.capacity_bytes || size > options_.capacity_bytes - live_bytes_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s is full: %s of %s in use", options_.device_name,
         FormatBytes(static_cast<std::int64_t>(live_bytes_)),
@@ -135,6 +83,11 @@ absl::StatusOr<std::uintptr_t> ControlledBackend::AllocateSegment(std::size_t si
     if (memory == MAP_FAILED) return absl::ResourceExhaustedError("mmap failed");
     address = reinterpret_cast<std::uintptr_t>(memory);
   } else {
+    const std::uintptr_t limit_left = kAddressLimit - next_address_;
+    if (limit_left < 2 * kAddressGap || size > limit_left - 2 * kAddressGap) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: no fake address range of %d bytes is left", options_.device_name, size));
+    }
     address = next_address_;
     next_address_ += (size + kAddressGap - 1) / kAddressGap * kAddressGap + kAddressGap;
   }
@@ -145,7 +98,6 @@ absl::StatusOr<std::uintptr_t> ControlledBackend::AllocateSegment(std::size_t si
 
 absl::Status ControlledBackend::ReleaseSegment(std::uintptr_t address, std::size_t size) {
   MutexLock lock(&mutex_);
-  if (absl::Status injected = Enter(Call::kReleaseSegment); !injected.ok()) return injected;
   auto it = segments_.find(address);
   if (it == segments_.end() || it->second != size) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -159,7 +111,6 @@ absl::Status ControlledBackend::ReleaseSegment(std::uintptr_t address, std::size
 
 absl::StatusOr<std::size_t> ControlledBackend::Capacity() {
   MutexLock lock(&mutex_);
-  if (absl::Status injected = Enter(Call::kCapacity); !injected.ok()) return injected;
   return options_.capacity_bytes;
 }
 
@@ -172,7 +123,6 @@ absl::Status ControlledBackend::CheckSegmentAllocationAllowed(StreamId stream) {
 
 absl::StatusOr<EventId> ControlledBackend::RecordEvent(StreamId stream) {
   MutexLock lock(&mutex_);
-  if (absl::Status injected = Enter(Call::kRecordEvent); !injected.ok()) return injected;
   StreamProgress& progress = streams_[stream];
   const EventId id = next_event_++;
   events_.emplace(id, Event{stream, ++progress.recorded});
@@ -181,7 +131,6 @@ absl::StatusOr<EventId> ControlledBackend::RecordEvent(StreamId stream) {
 
 absl::StatusOr<bool> ControlledBackend::QueryEvent(EventId event) {
   MutexLock lock(&mutex_);
-  if (absl::Status injected = Enter(Call::kQueryEvent); !injected.ok()) return injected;
   auto it = events_.find(event);
   if (it == events_.end()) return absl::InvalidArgumentError("QueryEvent: unknown event");
   if (options_.auto_complete_events) return true;
@@ -190,7 +139,6 @@ absl::StatusOr<bool> ControlledBackend::QueryEvent(EventId event) {
 
 absl::Status ControlledBackend::SynchronizeEvent(EventId event) {
   MutexLock lock(&mutex_);
-  if (absl::Status injected = Enter(Call::kSynchronizeEvent); !injected.ok()) return injected;
   auto it = events_.find(event);
   if (it == events_.end()) return absl::InvalidArgumentError("SynchronizeEvent: unknown event");
   StreamProgress& progress = streams_[it->second.stream];

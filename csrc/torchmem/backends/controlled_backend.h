@@ -4,13 +4,15 @@
 //     SynchronizeEvent (which, like cudaEventSynchronize, waits: it completes
 //     the stream up to that event). SetAutoComplete(true) makes them
 //     complete at once.
-//   - Any call can be made to fail, once or repeatedly (FailNext), to test
-//     that the engine reports the error and stays intact.
 //   - Segment allocation can be forbidden with a reason (as during CUDA
 //     graph capture).
 //   - By default segments are address ranges only (no memory behind them,
 //     never dereferenced by the engine), so a replay can "allocate" 60 GiB on
 //     a laptop; with `real_memory` they are real host memory.
+//   - Failures other than a full device are not its business: wrap it in a
+//     FaultInjectingBackend to make any call fail.
+// Invariants: live segments never overlap; their total never exceeds the
+// capacity set when they were obtained; fake addresses are never reused.
 // Thread-safe: the controls may be called while an engine uses the backend.
 #ifndef TORCHMEM_BACKENDS_CONTROLLED_BACKEND_H_
 #define TORCHMEM_BACKENDS_CONTROLLED_BACKEND_H_
@@ -34,17 +36,10 @@ struct ControlledBackendOptions {
 
 class ControlledBackend final : public Backend {
  public:
-  enum class Call { kAllocateSegment, kReleaseSegment, kCapacity, kRecordEvent, kQueryEvent,
-                    kSynchronizeEvent, kNumCalls };
-
   explicit ControlledBackend(ControlledBackendOptions options = {});
   ~ControlledBackend() override;
 
   // --- controls -------------------------------------------------------------
-  // The next `count` calls of `call` fail with `code` (after `skip` successes).
-  void FailNext(Call call, int count = 1, absl::StatusCode code = absl::StatusCode::kInternal,
-                int skip = 0);
-  void ClearFailures();
   void CompleteStream(StreamId stream);
   void CompleteAll();
   void SetAutoComplete(bool auto_complete);
@@ -56,8 +51,6 @@ class ControlledBackend final : public Backend {
   std::size_t live_segment_bytes() const;
   std::int64_t live_segments() const;
   std::int64_t live_events() const;
-  std::int64_t calls(Call call) const;
-  std::int64_t failures_injected() const;
 
   // --- Backend --------------------------------------------------------------
   std::string DeviceName() const override { return options_.device_name; }
@@ -71,11 +64,6 @@ class ControlledBackend final : public Backend {
   void ReleaseEvent(EventId event) override;
 
  private:
-  struct Failure {
-    int skip = 0;
-    int count = 0;
-    absl::StatusCode code = absl::StatusCode::kOk;
-  };
   struct StreamProgress {
     std::uint64_t recorded = 0;
     std::uint64_t completed = 0;
@@ -85,14 +73,8 @@ class ControlledBackend final : public Backend {
     std::uint64_t position;
   };
 
-  // Counts the call; returns the injected error, if any.
-  absl::Status Enter(Call call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-
   ControlledBackendOptions options_;
   mutable Mutex mutex_;
-  Failure failures_[static_cast<int>(Call::kNumCalls)] ABSL_GUARDED_BY(mutex_);
-  std::int64_t calls_[static_cast<int>(Call::kNumCalls)] ABSL_GUARDED_BY(mutex_) = {};
-  std::int64_t failures_injected_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string forbid_reason_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::uintptr_t, std::size_t> segments_ ABSL_GUARDED_BY(mutex_);
   std::size_t live_bytes_ ABSL_GUARDED_BY(mutex_) = 0;

@@ -11,19 +11,27 @@ namespace {
 // previous one after, as PyTorch's CUDAGuard does.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device) : device_(device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) {
       (void)cudaGetLastError();
       previous_ = -1;
     }
     if (previous_ != device) status_ = cudaSetDevice(device);
   }
+  // Switching back must not leave the caller on our device, nor a sticky
+  // error that PyTorch's next check would report as its own: retry once,
+  // then clear the error.
   ~DeviceGuard() {
-    if (previous_ >= 0 && status_ == cudaSuccess) (void)cudaSetDevice(previous_);
+    if (previous_ < 0 || previous_ == device_ || status_ != cudaSuccess) return;
+    if (cudaSetDevice(previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+    }
   }
   cudaError_t status() const { return status_; }
 
  private:
+  const int device_;
   int previous_ = -1;
   cudaError_t status_ = cudaSuccess;
 };

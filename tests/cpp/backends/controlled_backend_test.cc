@@ -1,6 +1,10 @@
 #include "torchmem/backends/controlled_backend.h"
 
+#include <memory>
+
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "torchmem/backends/fault_injecting_backend.h"
 
 namespace torchmem {
 namespace {
@@ -21,16 +25,43 @@ TEST(ControlledBackendTest, EventsCompleteOnlyWhenTold) {
   EXPECT_EQ(backend.live_events(), 0);
 }
 
-TEST(ControlledBackendTest, InjectedFailuresSkipThenFailThenStop) {
-  ControlledBackend backend;
-  backend.FailNext(ControlledBackend::Call::kAllocateSegment, /*count=*/2,
-                   absl::StatusCode::kResourceExhausted, /*skip=*/1);
+// ControlledBackend has no fault injection of its own: tests wrap it.
+TEST(ControlledBackendTest, WrappedInjectedFailuresSkipThenFailThenStop) {
+  auto owned = std::make_unique<ControlledBackend>();
+  ControlledBackend& controlled = *owned;
+  FaultInjectingBackend backend(std::move(owned));
+  backend.FailAfter(BackendCall::kAllocateSegment, /*successes=*/1, /*count=*/2,
+                    absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(backend.AllocateSegment(1 << 20, 0).ok());
   EXPECT_TRUE(absl::IsResourceExhausted(backend.AllocateSegment(1 << 20, 0).status()));
   EXPECT_TRUE(absl::IsResourceExhausted(backend.AllocateSegment(1 << 20, 0).status()));
   EXPECT_TRUE(backend.AllocateSegment(1 << 20, 0).ok());
-  EXPECT_EQ(backend.failures_injected(), 2);
-  EXPECT_EQ(backend.calls(ControlledBackend::Call::kAllocateSegment), 4);
+  EXPECT_EQ(backend.total_failures(), 2);
+  EXPECT_EQ(backend.calls(BackendCall::kAllocateSegment), 4);
+  // Failed calls never reached the controlled backend.
+  EXPECT_EQ(controlled.live_segments(), 2);
+  EXPECT_EQ(controlled.live_segment_bytes(), std::size_t{2} << 20);
+}
+
+TEST(ControlledBackendTest, FullDeviceIsResourceExhaustedAndNamesTheDevice) {
+  ControlledBackend backend(ControlledBackendOptions{.capacity_bytes = 4 << 20});
+  ASSERT_TRUE(backend.AllocateSegment(4 << 20, 0).ok());
+  const absl::StatusOr<std::uintptr_t> full = backend.AllocateSegment(512, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(full.status()));
+  EXPECT_TRUE(absl::StrContains(full.status().message(), "test:0 is full")) << full.status();
+}
+
+TEST(ControlledBackendTest, AbsurdSizesFailWithoutOverflow) {
+  ControlledBackend unlimited(ControlledBackendOptions{.capacity_bytes = ~std::size_t{0}});
+  EXPECT_TRUE(absl::IsResourceExhausted(unlimited.AllocateSegment(~std::size_t{0}, 0).status()));
+  EXPECT_TRUE(
+      absl::IsResourceExhausted(unlimited.AllocateSegment(std::size_t{1} << 62, 0).status()));
+  const std::uintptr_t a = *unlimited.AllocateSegment(std::size_t{1} << 60, 0);
+  const std::uintptr_t b = *unlimited.AllocateSegment(std::size_t{1} << 60, 0);
+  EXPECT_GE(b, a + (std::size_t{1} << 60));
+  // The capacity was lowered below what is live: nothing more fits.
+  unlimited.SetCapacity(1 << 20);
+  EXPECT_TRUE(absl::IsResourceExhausted(unlimited.AllocateSegment(512, 0).status()));
 }
 
 TEST(ControlledBackendTest, FakeSegmentsNeverOverlapAndCapacityHolds) {

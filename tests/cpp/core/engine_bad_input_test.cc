@@ -77,7 +77,7 @@ TEST_F(EngineTest, ZeroSizeRequestIsInvalid) {
 TEST_F(EngineTest, AbsurdRequestIsInvalidWithoutTouchingTheBackend) {
   const absl::StatusOr<void*> ptr = engine_->Allocate(~std::size_t{0});
   EXPECT_TRUE(absl::IsInvalidArgument(ptr.status()));
-  EXPECT_EQ(backend_->calls(ControlledBackend::Call::kAllocateSegment), 0);
+  EXPECT_EQ(faults_->calls(BackendCall::kAllocateSegment), 0);
 }
 
 TEST_F(EngineTest, RecordStreamOnAFreedBlockIsRejected) {

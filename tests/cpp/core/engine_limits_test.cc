@@ -14,10 +14,10 @@ TEST_F(EngineTest, LimitStopsGrowthBeforeTheBackendIsAsked) {
   void* a = Allocate(kMiB);                 // 2 MiB small segment
   void* b = Allocate(kMiB);                 // same segment
   void* c = Allocate(kMiB);                 // second small segment: 4 MiB reserved
-  const std::int64_t backend_calls = backend_->calls(ControlledBackend::Call::kAllocateSegment);
+  const std::int64_t backend_calls = faults_->calls(BackendCall::kAllocateSegment);
   const absl::StatusOr<void*> over = engine_->Allocate(kMiB * 3);  // needs 20 MiB
   EXPECT_TRUE(absl::IsResourceExhausted(over.status()));
-  EXPECT_EQ(backend_->calls(ControlledBackend::Call::kAllocateSegment), backend_calls);
+  EXPECT_EQ(faults_->calls(BackendCall::kAllocateSegment), backend_calls);
   const std::string message(over.status().message());
   EXPECT_TRUE(absl::StrContains(message, "out of memory on test:0")) << message;
   EXPECT_TRUE(absl::StrContains(message, "cannot allocate 3.00 MiB")) << message;
@@ -68,7 +68,7 @@ TEST_F(EngineTest, BackendOutOfMemoryIsRetriedAfterFreeingTheCache) {
 }
 
 TEST_F(EngineTest, BackendFaultIsReportedAsIsAndChangesNothing) {
-  backend_->FailNext(ControlledBackend::Call::kAllocateSegment, 1, absl::StatusCode::kInternal);
+  faults_->FailOnce(BackendCall::kAllocateSegment, absl::StatusCode::kInternal);
   const absl::StatusOr<void*> ptr = engine_->Allocate(4096);
   EXPECT_TRUE(absl::IsInternal(ptr.status()));
   EXPECT_TRUE(absl::StrContains(ptr.status().message(), "injected failure"));
@@ -81,7 +81,7 @@ TEST_F(EngineTest, BackendFaultIsReportedAsIsAndChangesNothing) {
 TEST_F(EngineTest, FailedSegmentReleaseKeepsTheSegmentCached) {
   void* ptr = Allocate(4096);
   Free(ptr);
-  backend_->FailNext(ControlledBackend::Call::kReleaseSegment);
+  faults_->FailOnce(BackendCall::kReleaseSegment);
   const absl::Status status = engine_->EmptyCache();
   EXPECT_TRUE(absl::IsInternal(status));
   EXPECT_TRUE(absl::StrContains(status.message(), "stays cached")) << status;

@@ -53,7 +53,7 @@ TEST_F(EngineTest, RecordingTheAllocationStreamIsANoOp) {
   ASSERT_TRUE(engine_->RecordStream(ptr, kCompute).ok());
   Free(ptr);
   EXPECT_EQ(Stats().active.all().current, 0);
-  EXPECT_EQ(backend_->calls(ControlledBackend::Call::kRecordEvent), 0);
+  EXPECT_EQ(faults_->calls(BackendCall::kRecordEvent), 0);
 }
 
 TEST_F(EngineTest, WorkQueuedAfterTheFreeDoesNotDelayReuse) {
@@ -97,7 +97,7 @@ TEST_F(EngineTest, OutOfMemoryRetrySynchronizesPendingBlocks) {
 TEST_F(EngineTest, FailedEventRecordKeepsTheBlockPendingUntilARetrySucceeds) {
   void* ptr = Allocate(4096, kCompute);
   ASSERT_TRUE(engine_->RecordStream(ptr, kCopy).ok());
-  backend_->FailNext(ControlledBackend::Call::kRecordEvent);
+  faults_->FailOnce(BackendCall::kRecordEvent);
   Free(ptr);
   EXPECT_EQ(Stats().active.all().current, 1);
   EXPECT_POOL_INTACT(*engine_);
@@ -113,7 +113,7 @@ TEST_F(EngineTest, FailedEventQueryCountsAsNotYetComplete) {
   ASSERT_TRUE(engine_->RecordStream(ptr, kCopy).ok());
   Free(ptr);
   backend_->CompleteStream(kCopy);
-  backend_->FailNext(ControlledBackend::Call::kQueryEvent);
+  faults_->FailOnce(BackendCall::kQueryEvent);
   engine_->ProcessEvents();
   EXPECT_EQ(Stats().active.all().current, 1);
   engine_->ProcessEvents();

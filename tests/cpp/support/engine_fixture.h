@@ -1,5 +1,6 @@
-// Test support: an engine over a ControlledBackend, and the invariant check
-// that every test runs after touching the pool.
+// Test support: an engine over a ControlledBackend wrapped in a
+// FaultInjectingBackend (so a test can make any backend call fail), and the
+// invariant check that every test runs after touching the pool.
 #ifndef TORCHMEM_TESTS_CPP_SUPPORT_ENGINE_FIXTURE_H_
 #define TORCHMEM_TESTS_CPP_SUPPORT_ENGINE_FIXTURE_H_
 
@@ -7,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "torchmem/backends/controlled_backend.h"
+#include "torchmem/backends/fault_injecting_backend.h"
 #include "torchmem/core/engine.h"
 
 namespace torchmem::testing {
@@ -24,7 +26,9 @@ class EngineTest : public ::testing::Test {
                       EngineOptions engine_options = {}) {
     auto backend = std::make_unique<ControlledBackend>(backend_options);
     backend_ = backend.get();
-    engine_ = std::make_unique<Engine>(std::move(backend), engine_options);
+    auto faults = std::make_unique<FaultInjectingBackend>(std::move(backend));
+    faults_ = faults.get();
+    engine_ = std::make_unique<Engine>(std::move(faults), engine_options);
   }
 
   void TearDown() override { EXPECT_POOL_INTACT(*engine_); }
@@ -41,7 +45,8 @@ class EngineTest : public ::testing::Test {
   MemoryStats Stats() const { return engine_->GetStats(); }
   static std::uintptr_t Address(void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
-  ControlledBackend* backend_;  // owned by engine_
+  ControlledBackend* backend_;     // owned by faults_
+  FaultInjectingBackend* faults_;  // owned by engine_
   std::unique_ptr<Engine> engine_;
 };
 

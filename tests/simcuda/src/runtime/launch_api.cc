@@ -107,7 +107,7 @@ extern "C" {
 
 void** __cudaRegisterFatBinary(void* fat_cubin) {
   SIMCUDA_COUNT();
-  return new void*(fat_cubin);  // any non-null handle; lives until exit
+  return new void*(fat_cubin);  // any non-null handle, until __cudaUnregisterFatBinary
 }
 
 void __cudaRegisterFatBinaryEnd(void** handle) {
@@ -116,6 +116,7 @@ void __cudaRegisterFatBinaryEnd(void** handle) {
 
 void __cudaUnregisterFatBinary(void** handle) {
   SIMCUDA_COUNT();
+  delete handle;
 }
 
 char __cudaInitModule(void** handle) {

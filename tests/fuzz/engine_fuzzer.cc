@@ -1,0 +1,783 @@
+// Coverage-guided fuzzer (libFuzzer) of the engine: the input bytes are a
+// program of operations on an Engine over FaultInjectingBackend(
+// ControlledBackend), checked against a small shadow model after every one.
+//
+// Operations (one opcode byte, then its arguments; a short input reads as
+// zeros, so every byte string is a valid program; see Op below):
+//   allocate any size (0, tiny, near the pool/segment/class boundaries,
+//   medium, huge, above the request limit) on one of four streams; free
+//   (valid, with the right or a wrong size, unknown, interior and double
+//   frees); record_stream; complete a stream's (or all) events; process
+//   events; empty_cache; push/pop tags (valid and invalid); open/close leak
+//   scopes (in and out of order); memory limits, fractions (any double) and
+//   the device's capacity; arming and clearing faults of any backend call
+//   (once, N times, after K successes, always, at random) with any code;
+//   forbidding new segments; trace capacity; reading every report (stats,
+//   fragmentation, tag usage, segments, blocks, trace) and resetting peaks.
+//
+// Checked after every operation (any violation aborts, which libFuzzer
+// reports as a crash with the input that caused it):
+//   - CheckInvariants() is OK;
+//   - allocated/requested bytes and allocation counts equal the model;
+//     reserved bytes and segments equal what the backend holds;
+//   - an error only where the model expects one: invalid requests are
+//     InvalidArgument; out of memory only when the limit or capacity is
+//     really in the way (or a fault was injected); any other error only when
+//     a fault was injected during the operation (and then it names the call
+//     and the device) or new segments are forbidden;
+//   - reports agree with the stats and the model.
+// At the end of each input the faults stop, everything is freed and
+// empty_cache must return every byte to the backend.
+//
+// Build and run: tests/fuzz/run_fuzz.sh <seconds>.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "torchmem/backends/controlled_backend.h"
+#include "torchmem/backends/fault_injecting_backend.h"
+#include "torchmem/core/attribution.h"
+#include "torchmem/core/engine.h"
+
+namespace torchmem {
+namespace {
+
+// Aborts with a message: libFuzzer then saves the input as a crash.
+#define FUZZ_CHECK(condition, ...)                                                          \
+  do {                                                                                      \
+    if (!(condition)) {                                                                     \
+      std::fprintf(stderr, "engine_fuzzer: check failed: %s\n  at op %d: %s\n", #condition, \
+                   op_index_, absl::StrCat(__VA_ARGS__).c_str());                           \
+      std::abort();                                                                         \
+    }                                                                                       \
+  } while (0)
+
+constexpr std::size_t kDefaultCapacity = std::size_t{1} << 30;  // 1 GiB: OOM is reachable
+// The device's capacity is capped at 64 TiB. The engine's accumulated
+// counters (Stat::allocated/freed, "bytes ever allocated") are int64: a few
+// allocate/free cycles of 2^60-byte blocks on a fake device of unlimited
+// capacity overflow them (found by this fuzzer; 8 EiB of churn on a real
+// device). With at most 64 TiB per operation and 4096 operations per input
+// they stay far below 2^63.
+constexpr std::size_t kMaxCapacity = std::size_t{1} << 46;
+constexpr std::size_t kMaxLiveBlocks = 256;
+constexpr std::size_t kMaxTraceEntries = 1024;
+constexpr StreamId kStreams[] = {0, 1, 2, 0x7f00};
+constexpr const char* kTagNames[] = {"fuzz-a", "fuzz-b", "fuzz-c"};
+
+// Sizes where the policy changes its mind: rounding, pools, segment sizes,
+// the free lists' size classes (32 MiB with 512 B units), the request limit.
+constexpr std::size_t kBoundaries[] = {
+    1,
+    511,
+    512,
+    513,
+    4096,
+    kMiB - 512,
+    kMiB,
+    kMiB + 1,
+    2 * kMiB - 512,
+    2 * kMiB,
+    2 * kMiB + 1,
+    10 * kMiB - 512,
+    10 * kMiB,
+    10 * kMiB + 1,
+    20 * kMiB,
+    20 * kMiB + 1,
+    32 * kMiB - 512,
+    32 * kMiB,
+    32 * kMiB + 1,
+    kGiB,
+    Engine::kMaxRequestBytes - 1,
+    Engine::kMaxRequestBytes,
+    Engine::kMaxRequestBytes + 1,
+    std::numeric_limits<std::size_t>::max(),
+};
+
+enum Op : std::uint8_t {
+  kAllocate,
+  kFree,
+  kFreeInvalid,
+  kRecordStream,
+  kCompleteStream,
+  kProcessEvents,
+  kEmptyCache,
+  kTag,
+  kScope,
+  kSetLimit,
+  kSetFraction,
+  kSetCapacity,
+  kFault,
+  kForbid,
+  kTraceCapacity,
+  kReport,
+  kNumOps,
+};
+
+// Reads little-endian integers from the input; zeros once it is exhausted.
+class Reader {
+ public:
+  Reader(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  bool done() const { return pos_ >= size_; }
+  std::uint64_t Bytes(int n) {
+    std::uint64_t value = 0;
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t byte = pos_ < size_ ? data_[pos_] : 0;
+      ++pos_;
+      value |= byte << (8 * i);
+    }
+    return value;
+  }
+  std::uint8_t U8() { return static_cast<std::uint8_t>(Bytes(1)); }
+  std::uint16_t U16() { return static_cast<std::uint16_t>(Bytes(2)); }
+  std::uint32_t U32() { return static_cast<std::uint32_t>(Bytes(4)); }
+  std::uint64_t U64() { return Bytes(8); }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+};
+
+struct LiveBlock {
+  std::size_t requested;
+  std::size_t size;  // as handed out (rounded, maybe with an unsplit tail)
+  StreamId stream;
+  TagId tag;
+  ScopeId scope;
+};
+
+class Fuzzer {
+ public:
+  Fuzzer(const std::uint8_t* data, std::size_t size) : in_(data, size) {
+    auto controlled = std::make_unique<ControlledBackend>(
+        ControlledBackendOptions{.device_name = "fuzz:0", .capacity_bytes = kDefaultCapacity});
+    controlled_ = controlled.get();
+    auto faults = std::make_unique<FaultInjectingBackend>(std::move(controlled));
+    faults_ = faults.get();
+    engine_ = std::make_unique<Engine>(std::move(faults));
+    for (std::size_t i = 0; i < std::size(kTagNames); ++i) {
+      tags_[i] = *TagRegistry::Intern(kTagNames[i]);
+    }
+  }
+
+  void Run() {
+    while (!in_.done() && op_index_ < 4096) {
+      const Op op = static_cast<Op>(in_.U8() % kNumOps);
+      const Before before = Snapshot();
+      switch (op) {
+        case kAllocate:
+          DoAllocate(before);
+          break;
+        case kFree:
+          DoFree();
+          break;
+        case kFreeInvalid:
+          DoFreeInvalid();
+          break;
+        case kRecordStream:
+          DoRecordStream();
+          break;
+        case kCompleteStream:
+          DoCompleteStream();
+          break;
+        case kProcessEvents:
+          engine_->ProcessEvents();
+          break;
+        case kEmptyCache:
+          DoEmptyCache(before);
+          break;
+        case kTag:
+          DoTag();
+          break;
+        case kScope:
+          DoScope();
+          break;
+        case kSetLimit:
+          DoSetLimit();
+          break;
+        case kSetFraction:
+          DoSetFraction(before);
+          break;
+        case kSetCapacity:
+          DoSetCapacity();
+          break;
+        case kFault:
+          DoFault();
+          break;
+        case kForbid:
+          DoForbid();
+          break;
+        case kTraceCapacity:
+          DoTraceCapacity();
+          break;
+        case kReport:
+          DoReport();
+          break;
+        case kNumOps:
+          break;
+      }
+      CheckPool();
+      ++op_index_;
+    }
+    Finish();
+  }
+
+ private:
+  struct Before {
+    std::int64_t failures;
+    std::int64_t reserved;
+  };
+
+  Before Snapshot() const {
+    return Before{faults_->total_failures(), engine_->GetStats().reserved_bytes.all().current};
+  }
+  bool InjectedSince(const Before& before) const {
+    return faults_->total_failures() != before.failures;
+  }
+
+  // An error that is not the caller's fault must come from an injected
+  // failure during this operation, and say which call failed on which device.
+  void CheckInjected(const absl::Status& status, const Before& before, const char* what) {
+    FUZZ_CHECK(InjectedSince(before), what, " failed with no fault injected: ", status.ToString());
+    FUZZ_CHECK(absl::StrContains(status.message(), "injected failure of ") &&
+                   absl::StrContains(status.message(), " on fuzz:0"),
+               what, ": the error does not name the failed call and device: ", status.ToString());
+  }
+
+  std::size_t RandomSize() {
+    const std::uint8_t kind = in_.U8();
+    switch (kind % 8) {
+      case 0:
+        return 0;
+      case 1:
+        return in_.U16();
+      case 2:
+        return in_.U32() % (kMiB + 1);
+      case 3: {  // a boundary, nudged by -128..127 bytes
+        const std::size_t base = kBoundaries[in_.U8() % std::size(kBoundaries)];
+        const auto delta = static_cast<std::int8_t>(in_.U8());
+        return base + static_cast<std::size_t>(static_cast<std::int64_t>(delta));
+      }
+      case 4:
+        return in_.U32() % (64 * kMiB);
+      case 5:
+        return static_cast<std::size_t>(in_.U64());
+      case 6:  // near the device's capacity
+        return controlled_capacity_ - (in_.U32() % (4 * kMiB));
+      default:
+        return (std::size_t{1} << (in_.U8() % 64)) + (in_.U8() % 3) - 1;
+    }
+  }
+
+  StreamId RandomStream() { return kStreams[in_.U8() % std::size(kStreams)]; }
+
+  // The live block chosen by the next byte (the map is small).
+  std::map<std::uintptr_t, LiveBlock>::iterator PickLive() {
+    auto it = live_.begin();
+    std::advance(it, in_.U16() % live_.size());
+    return it;
+  }
+
+  void DoAllocate(const Before& before) {
+    const std::size_t size = RandomSize();
+    const StreamId stream = RandomStream();
+    if (live_.size() >= kMaxLiveBlocks) return;
+    const std::size_t limit = engine_->memory_limit();
+    const absl::StatusOr<void*> ptr = engine_->Allocate(size, stream);
+    const MemoryStats stats = engine_->GetStats();
+    const std::int64_t reserved = stats.reserved_bytes.all().current;
+    if (size == 0 || size > Engine::kMaxRequestBytes) {
+      FUZZ_CHECK(absl::IsInvalidArgument(ptr.status()), "Allocate(", size,
+                 ") must be InvalidArgument: ", ptr.status().ToString());
+      return;
+    }
+    const SizePolicy& policy = engine_->policy();
+    if (!ptr.ok()) {
+      const absl::Status& status = ptr.status();
+      if (absl::IsResourceExhausted(status)) {
+        FUZZ_CHECK(absl::StrContains(status.message(), "out of memory on fuzz:0"),
+                   "an out-of-memory error names the device: ", status.ToString());
+        if (InjectedSince(before)) return;
+        // Without a fault, the retry gave back every free segment: whatever
+        // is still reserved holds live or pending blocks, and a new segment
+        // really does not fit under the limit or the device's capacity.
+        const std::size_t segment = policy.SegmentSizeFor(policy.RoundSize(size));
+        const std::size_t ceiling =
+            limit == 0 ? controlled_capacity_ : std::min(limit, controlled_capacity_);
+        FUZZ_CHECK(static_cast<std::size_t>(reserved) > ceiling ||
+                       segment > ceiling - static_cast<std::size_t>(reserved) ||
+                       segment >= (std::size_t{1} << 50),  // fake address space
+                   "Allocate(", size, ") ran out of memory with room left: reserved ", reserved,
+                   " + segment ", segment, " <= ", ceiling, ": ", status.ToString());
+        return;
+      }
+      if (absl::IsFailedPrecondition(status) && forbidden_) return;
+      CheckInjected(status, before, "Allocate");
+      return;
+    }
+    const auto address = reinterpret_cast<std::uintptr_t>(*ptr);
+    const absl::StatusOr<BlockInfo> block = engine_->GetBlock(*ptr);
+    FUZZ_CHECK(block.ok(), "a new block is known: ", block.status().ToString());
+    const std::size_t rounded = policy.RoundSize(size);
+    FUZZ_CHECK(address % policy.min_block_size == 0, "blocks are aligned");
+    FUZZ_CHECK(block->size >= rounded && block->requested_size == size &&
+                   block->state == BlockState::kAllocated && block->stream == stream,
+               "block metadata");
+    FUZZ_CHECK(block->size <= rounded + policy.small_size, "a block is at most one sliver larger");
+    FUZZ_CHECK(!live_.contains(address), "a live address is handed out twice");
+    auto next = live_.lower_bound(address);
+    FUZZ_CHECK(next == live_.end() || next->first >= address + block->size,
+               "a new block overlaps the next live block");
+    if (next != live_.begin()) {
+      auto prev = std::prev(next);
+      FUZZ_CHECK(prev->first + prev->second.size <= address,
+                 "a new block overlaps the previous live block");
+    }
+    // Growth respects the limit and the capacity.
+    if (reserved > before.reserved) {
+      if (limit != 0) {
+        FUZZ_CHECK(static_cast<std::size_t>(reserved) <= limit, "reserved ", reserved,
+                   " went over the limit ", limit);
+      }
+      FUZZ_CHECK(static_cast<std::size_t>(reserved) <= controlled_capacity_, "over capacity");
+    }
+    const TagId tag = tag_stack_.empty() ? kNoTag : tag_stack_.back();
+    const ScopeId scope = scope_stack_.empty() ? kNoScope : scope_stack_.back();
+    FUZZ_CHECK(block->tag == tag && block->scope == scope, "attribution stamped on the block");
+    live_[address] = LiveBlock{size, block->size, stream, tag, scope};
+    freed_.push_back(address);  // a later "double free" candidate
+  }
+
+  void DoFree() {
+    if (live_.empty()) return;
+    auto it = PickLive();
+    const std::uint8_t mode = in_.U8() % 3;
+    void* ptr = reinterpret_cast<void*>(it->first);
+    if (mode == 2) {  // wrong size: refused, nothing changes
+      const std::size_t wrong = it->second.requested + 1 + in_.U8();
+      const absl::Status status = engine_->FreeSized(ptr, wrong);
+      FUZZ_CHECK(absl::IsInvalidArgument(status),
+                 "FreeSized with a wrong size: ", status.ToString());
+      return;
+    }
+    const absl::Status status =
+        mode == 0 ? engine_->Free(ptr) : engine_->FreeSized(ptr, it->second.requested);
+    FUZZ_CHECK(status.ok(), "freeing a live block: ", status.ToString());
+    live_.erase(it);
+  }
+
+  void DoFreeInvalid() {
+    const std::uint8_t mode = in_.U8() % 3;
+    std::uintptr_t address = 0;
+    if (mode == 0 && !live_.empty()) {  // inside a live block
+      auto it = PickLive();
+      if (it->second.size < 2) return;
+      address = it->first + 1 + in_.U32() % (it->second.size - 1);
+    } else if (mode == 1 && !freed_.empty()) {  // a pointer handed out before
+      address = freed_[in_.U16() % freed_.size()];
+    } else {
+      address = static_cast<std::uintptr_t>(in_.U64());
+    }
+    if (live_.contains(address)) return;  // that would be a valid free
+    const absl::Status status = engine_->Free(reinterpret_cast<void*>(address));
+    FUZZ_CHECK(absl::IsNotFound(status) || absl::IsFailedPrecondition(status),
+               "an invalid free is NotFound or FailedPrecondition: ", status.ToString());
+    FUZZ_CHECK(absl::StrContains(status.message(), "fuzz:0"), "the error names the device");
+    const absl::Status record = engine_->RecordStream(reinterpret_cast<void*>(address), 1);
+    FUZZ_CHECK(!record.ok(), "record_stream on a pointer that is not live");
+  }
+
+  void DoRecordStream() {
+    if (live_.empty()) return;
+    auto it = PickLive();
+    const absl::Status status =
+        engine_->RecordStream(reinterpret_cast<void*>(it->first), RandomStream());
+    FUZZ_CHECK(status.ok(), "record_stream on a live block: ", status.ToString());
+  }
+
+  void DoCompleteStream() {
+    const std::uint8_t mode = in_.U8() % 4;
+    if (mode == 0) {
+      controlled_->CompleteAll();
+    } else if (mode == 1) {
+      controlled_->SetAutoComplete(!auto_complete_);
+      auto_complete_ = !auto_complete_;
+    } else {
+      controlled_->CompleteStream(RandomStream());
+    }
+  }
+
+  void DoEmptyCache(const Before& before) {
+    const absl::Status status = engine_->EmptyCache();
+    if (!status.ok()) {
+      CheckInjected(status, before, "EmptyCache");
+      FUZZ_CHECK(absl::StrContains(status.message(), "ReleaseSegment"),
+                 "EmptyCache fails only by releasing: ", status.ToString());
+    }
+  }
+
+  void DoTag() {
+    const std::uint8_t mode = in_.U8() % 5;
+    const TagId tag = tags_[in_.U8() % std::size(tags_)];
+    switch (mode) {
+      case 0:
+      case 1:
+        if (tag_stack_.size() >= 16) return;
+        FUZZ_CHECK(PushTag(tag).ok(), "push a valid tag");
+        tag_stack_.push_back(tag);
+        return;
+      case 2:
+        if (tag_stack_.empty()) {
+          FUZZ_CHECK(!PopTag(tag).ok(), "pop with no tag open");
+        } else {
+          FUZZ_CHECK(PopTag(tag_stack_.back()).ok(), "pop the innermost tag");
+          tag_stack_.pop_back();
+        }
+        return;
+      case 3:  // pop a tag that is not innermost
+        if (!tag_stack_.empty() && tag_stack_.back() == tag) return;
+        FUZZ_CHECK(!PopTag(tag).ok(), "popping a tag that is not innermost is refused");
+        return;
+      default: {  // push an id that was never interned, or "untagged"
+        const TagId bogus = in_.U8() % 2 == 0 ? kNoTag : static_cast<TagId>(1u << 30);
+        FUZZ_CHECK(!PushTag(bogus).ok(), "pushing an unknown tag id is refused");
+        return;
+      }
+    }
+  }
+
+  void DoScope() {
+    const std::uint8_t mode = in_.U8() % 4;
+    if (mode == 0 || mode == 1) {
+      if (scope_stack_.size() >= 8) return;
+      scope_stack_.push_back(OpenScope());
+      return;
+    }
+    if (mode == 3 || scope_stack_.empty()) {  // out of order, closed or never opened
+      ScopeId bogus = scope_stack_.empty() ? static_cast<ScopeId>(in_.U64() | 1)
+                                           : scope_stack_[in_.U8() % scope_stack_.size()];
+      if (!scope_stack_.empty() && bogus == scope_stack_.back()) bogus = closed_scope_;
+      if (bogus == kNoScope) return;
+      const absl::StatusOr<std::vector<ScopeSurvivors>> closed = CloseLeakScope(bogus);
+      FUZZ_CHECK(!closed.ok(), "closing scope ", bogus, " out of order is refused");
+      return;
+    }
+    const ScopeId scope = scope_stack_.back();
+    const absl::StatusOr<std::vector<ScopeSurvivors>> closed = CloseLeakScope(scope);
+    FUZZ_CHECK(closed.ok(), "closing the innermost scope: ", closed.status().ToString());
+    scope_stack_.pop_back();
+    closed_scope_ = scope;
+    // Survivors: live blocks allocated under this scope or one nested in it
+    // (ids grow, and nesting is per thread, so: every id from it on).
+    std::size_t expected = 0;
+    for (const auto& [address, block] : live_) expected += block.scope >= scope;
+    std::size_t reported = 0;
+    for (const ScopeSurvivors& survivors : *closed) {
+      if (survivors.device != "fuzz:0") continue;
+      reported += survivors.allocated.size();
+      for (const BlockInfo& info : survivors.allocated) {
+        auto it = live_.find(info.address);
+        FUZZ_CHECK(it != live_.end() && it->second.scope >= scope, "a survivor is live and ours");
+      }
+      for (const BlockInfo& info : survivors.pending) {
+        FUZZ_CHECK(info.state == BlockState::kPendingFree, "pending survivors are pending");
+      }
+    }
+    FUZZ_CHECK(reported == expected, "scope ", scope, " reports ", reported,
+               " survivors, the model ", expected);
+  }
+
+  void DoSetLimit() {
+    const std::uint8_t mode = in_.U8() % 4;
+    std::size_t limit = 0;
+    if (mode == 1) limit = static_cast<std::size_t>(in_.U32()) << (in_.U8() % 16);
+    if (mode == 2) limit = kBoundaries[in_.U8() % std::size(kBoundaries)];
+    if (mode == 3) limit = static_cast<std::size_t>(in_.U64());
+    engine_->SetMemoryLimit(limit);
+    FUZZ_CHECK(engine_->memory_limit() == limit, "the limit is what was set");
+  }
+
+  void DoSetFraction(const Before& before) {
+    const std::uint8_t mode = in_.U8() % 3;
+    double fraction = 0.0;
+    if (mode == 0) fraction = in_.U8() / 255.0;
+    if (mode == 1) fraction = 1.0 / (1.0 + in_.U32());
+    if (mode == 2) {
+      const std::uint64_t bits = in_.U64();
+      std::memcpy(&fraction, &bits, sizeof(fraction));  // any double: NaN, denormals, ...
+    }
+    const std::size_t old_limit = engine_->memory_limit();
+    const absl::Status status = engine_->SetMemoryFraction(fraction);
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+      FUZZ_CHECK(absl::IsInvalidArgument(status), "fraction ", fraction, " is invalid");
+      FUZZ_CHECK(engine_->memory_limit() == old_limit, "an invalid fraction changes nothing");
+      return;
+    }
+    if (!status.ok()) {
+      CheckInjected(status, before, "SetMemoryFraction");
+      FUZZ_CHECK(absl::StrContains(status.message(), "Capacity"), status.ToString());
+      FUZZ_CHECK(engine_->memory_limit() == old_limit, "a failed fraction changes nothing");
+      return;
+    }
+    const std::size_t limit = engine_->memory_limit();
+    // A fraction always sets a limit (0 would mean "no limit"), at most the
+    // capacity, and the fraction of it up to rounding.
+    FUZZ_CHECK(limit != 0, "SetMemoryFraction(", fraction, ") of ", controlled_capacity_,
+               " bytes removed the limit instead of setting one");
+    FUZZ_CHECK(limit <= std::max<std::size_t>(controlled_capacity_, 1),
+               "a fraction above the capacity");
+    const double expected = fraction * static_cast<double>(controlled_capacity_);
+    FUZZ_CHECK(std::fabs(static_cast<double>(limit) - expected) <= 1.0 + expected * 1e-12, "limit ",
+               limit, " for fraction ", fraction, " of ", controlled_capacity_);
+  }
+
+  void DoSetCapacity() {
+    const std::uint8_t mode = in_.U8() % 3;
+    std::size_t capacity = kDefaultCapacity;
+    if (mode == 0) capacity = static_cast<std::size_t>(in_.U32()) << (in_.U8() % 20);
+    if (mode == 1) capacity = kBoundaries[in_.U8() % std::size(kBoundaries)];
+    if (mode == 2) capacity = static_cast<std::size_t>(in_.U64());
+    capacity = std::min(capacity, kMaxCapacity);
+    controlled_->SetCapacity(capacity);
+    controlled_capacity_ = capacity;
+  }
+
+  void DoFault() {
+    const BackendCall call = kAllBackendCalls[in_.U8() % kNumBackendCalls];
+    const std::uint8_t pattern = in_.U8() % 7;
+    // Any code but OK (1..16 are absl's codes).
+    const auto code = static_cast<absl::StatusCode>(1 + in_.U8() % 16);
+    const std::uint8_t n = in_.U8();
+    switch (pattern) {
+      case 0:
+        faults_->FailOnce(call, code);
+        break;
+      case 1:
+        faults_->FailNext(call, 1 + n % 8, code);
+        break;
+      case 2:
+        faults_->FailAfter(call, n % 8, 1 + n / 32, code);
+        break;
+      case 3:
+        faults_->FailAlways(call, code);
+        break;
+      case 4:
+        faults_->Reseed(in_.U16());
+        faults_->FailWithProbability(call, (1 + n) / 257.0, code);
+        break;
+      case 5:
+        faults_->Clear(call);
+        break;
+      default:
+        faults_->ClearAll();
+        break;
+    }
+  }
+
+  void DoForbid() {
+    forbidden_ = in_.U8() % 2 == 0;
+    controlled_->ForbidSegmentAllocation(forbidden_ ? "fuzzer forbids new segments" : "");
+  }
+
+  void DoTraceCapacity() {
+    trace_capacity_ = in_.U16() % (kMaxTraceEntries + 1);
+    engine_->SetTraceCapacity(trace_capacity_);
+  }
+
+  void DoReport() {
+    const MemoryStats stats = engine_->GetStats();
+    const std::int64_t reserved = stats.reserved_bytes.all().current;
+    const std::int64_t allocated = stats.allocated_bytes.all().current;
+    switch (in_.U8() % 8) {
+      case 0: {
+        const FragmentationReport report = engine_->GetFragmentation();
+        const FreeSpaceStats& all = report.all;
+        FUZZ_CHECK(all.reserved_bytes == reserved, "fragmentation: reserved");
+        FUZZ_CHECK(all.allocated_bytes == allocated, "fragmentation: allocated");
+        FUZZ_CHECK(all.requested_bytes == stats.requested_bytes.all().current,
+                   "fragmentation: requested");
+        FUZZ_CHECK(all.free_bytes + all.pending_free_bytes + all.allocated_bytes == reserved,
+                   "fragmentation: free + pending + allocated == reserved");
+        FUZZ_CHECK(all.largest_free_extent <= all.free_bytes, "fragmentation: largest extent");
+        FUZZ_CHECK(all.external_fragmentation >= 0.0 && all.external_fragmentation <= 1.0,
+                   "fragmentation ratio");
+        FUZZ_CHECK(report.small_pool.reserved_bytes + report.large_pool.reserved_bytes == reserved,
+                   "fragmentation: pools");
+        std::int64_t by_stream = 0;
+        for (const auto& [stream, per] : report.by_stream) by_stream += per.reserved_bytes;
+        FUZZ_CHECK(by_stream == reserved, "fragmentation: streams");
+        break;
+      }
+      case 1: {
+        std::map<TagId, std::pair<std::int64_t, std::int64_t>> expected;  // bytes, blocks
+        for (const auto& [address, block] : live_) {
+          expected[block.tag].first += static_cast<std::int64_t>(block.size);
+          ++expected[block.tag].second;
+        }
+        std::int64_t total = 0;
+        for (const TagUsage& usage : engine_->GetTagUsage()) {
+          const auto want = expected[usage.tag];
+          FUZZ_CHECK(usage.current_bytes == want.first && usage.live_blocks == want.second, "tag ",
+                     usage.tag, ": ", usage.current_bytes, " bytes in ", usage.live_blocks,
+                     " blocks, the model ", want.first, " in ", want.second);
+          FUZZ_CHECK(usage.peak_bytes >= usage.current_bytes, "tag peak");
+          total += usage.current_bytes;
+        }
+        FUZZ_CHECK(total == allocated, "tags add up to allocated bytes");
+        break;
+      }
+      case 2: {
+        std::int64_t sum = 0;
+        const std::vector<SegmentInfo> segments = engine_->GetSegments();
+        for (const SegmentInfo& segment : segments) {
+          sum += static_cast<std::int64_t>(segment.size);
+          std::uintptr_t at = segment.address;
+          for (const BlockInfo& block : segment.blocks) {
+            FUZZ_CHECK(block.address == at, "segment blocks are contiguous");
+            at += block.size;
+          }
+          FUZZ_CHECK(at == segment.address + segment.size, "segment blocks cover it");
+        }
+        FUZZ_CHECK(sum == reserved, "segments add up to reserved bytes");
+        FUZZ_CHECK(static_cast<std::int64_t>(segments.size()) == stats.segment.all().current,
+                   "segment count");
+        break;
+      }
+      case 3: {
+        const std::vector<BlockInfo> blocks = engine_->GetAllocatedBlocks();
+        FUZZ_CHECK(blocks.size() == live_.size(), "allocated blocks: ", blocks.size(),
+                   " vs the model's ", live_.size());
+        for (const BlockInfo& block : blocks) {
+          auto it = live_.find(block.address);
+          FUZZ_CHECK(it != live_.end() && it->second.requested == block.requested_size,
+                     "an allocated block the model does not know");
+        }
+        break;
+      }
+      case 4: {
+        if (live_.empty()) break;
+        auto it = PickLive();
+        const absl::StatusOr<BlockInfo> block =
+            engine_->GetBlock(reinterpret_cast<void*>(it->first));
+        FUZZ_CHECK(block.ok() && block->requested_size == it->second.requested &&
+                       block->size == it->second.size && block->tag == it->second.tag,
+                   "GetBlock agrees with the model");
+        const absl::StatusOr<SegmentInfo> segment =
+            engine_->SegmentContaining(reinterpret_cast<void*>(it->first + it->second.size - 1));
+        FUZZ_CHECK(segment.ok() && segment->address <= it->first &&
+                       it->first + it->second.size <= segment->address + segment->size,
+                   "the segment containing a live block");
+        break;
+      }
+      case 5: {
+        const std::vector<TraceEntry> trace = engine_->GetTrace();
+        FUZZ_CHECK(trace.size() <= trace_capacity_, "trace holds ", trace.size(),
+                   " entries, capacity ", trace_capacity_);
+        break;
+      }
+      case 6:
+        engine_->ResetPeakStats();
+        engine_->ResetAccumulatedStats();
+        break;
+      default:
+        engine_->ResetTagPeaks();
+        break;
+    }
+  }
+
+  // After every operation: the pool is intact and the stats equal the model.
+  void CheckPool() {
+    const absl::Status invariants = engine_->CheckInvariants();
+    FUZZ_CHECK(invariants.ok(), invariants.ToString());
+    std::int64_t allocated = 0;
+    std::int64_t requested = 0;
+    for (const auto& [address, block] : live_) {
+      allocated += static_cast<std::int64_t>(block.size);
+      requested += static_cast<std::int64_t>(block.requested);
+    }
+    const MemoryStats stats = engine_->GetStats();
+    FUZZ_CHECK(stats.allocated_bytes.all().current == allocated, "allocated_bytes ",
+               stats.allocated_bytes.all().current, ", the model ", allocated);
+    FUZZ_CHECK(stats.requested_bytes.all().current == requested, "requested_bytes ",
+               stats.requested_bytes.all().current, ", the model ", requested);
+    FUZZ_CHECK(stats.allocation.all().current == static_cast<std::int64_t>(live_.size()),
+               "allocation count");
+    FUZZ_CHECK(stats.active_bytes.all().current >= allocated, "active >= allocated");
+    FUZZ_CHECK(static_cast<std::size_t>(stats.reserved_bytes.all().current) ==
+                   controlled_->live_segment_bytes(),
+               "reserved ", stats.reserved_bytes.all().current, ", the backend holds ",
+               controlled_->live_segment_bytes());
+    FUZZ_CHECK(stats.segment.all().current == controlled_->live_segments(), "segment count");
+  }
+
+  // The faults stop: pending work completes, everything is freed, and
+  // empty_cache gives every byte back.
+  void Finish() {
+    op_index_ = -1;
+    faults_->ClearAll();
+    controlled_->ForbidSegmentAllocation("");
+    engine_->ProcessEvents();  // records what could not be recorded
+    controlled_->CompleteAll();
+    engine_->ProcessEvents();
+    while (!tag_stack_.empty()) {
+      FUZZ_CHECK(PopTag(tag_stack_.back()).ok(), "pop at the end");
+      tag_stack_.pop_back();
+    }
+    while (!scope_stack_.empty()) {
+      FUZZ_CHECK(CloseLeakScope(scope_stack_.back()).ok(), "close at the end");
+      scope_stack_.pop_back();
+    }
+    for (const auto& [address, block] : live_) {
+      const absl::Status status = engine_->Free(reinterpret_cast<void*>(address));
+      FUZZ_CHECK(status.ok(), "final free: ", status.ToString());
+    }
+    live_.clear();
+    controlled_->CompleteAll();
+    const absl::Status emptied = engine_->EmptyCache();
+    FUZZ_CHECK(emptied.ok(), "final empty_cache: ", emptied.ToString());
+    CheckPool();
+    const MemoryStats stats = engine_->GetStats();
+    FUZZ_CHECK(stats.reserved_bytes.all().current == 0, "every segment went back");
+    FUZZ_CHECK(stats.active_bytes.all().current == 0, "nothing is pending");
+    FUZZ_CHECK(controlled_->live_events() == 0, "every event was released");
+  }
+
+  Reader in_;
+  ControlledBackend* controlled_;  // owned by faults_
+  FaultInjectingBackend* faults_;  // owned by engine_
+  std::unique_ptr<Engine> engine_;
+  TagId tags_[std::size(kTagNames)];
+  std::size_t controlled_capacity_ = kDefaultCapacity;
+  std::map<std::uintptr_t, LiveBlock> live_;
+  std::vector<std::uintptr_t> freed_;
+  std::vector<TagId> tag_stack_;
+  std::vector<ScopeId> scope_stack_;
+  ScopeId closed_scope_ = kNoScope;
+  std::size_t trace_capacity_ = 0;
+  bool forbidden_ = false;
+  bool auto_complete_ = false;
+  int op_index_ = 0;
+};
+
+}  // namespace
+}  // namespace torchmem
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  torchmem::Fuzzer fuzzer(data, size);
+  fuzzer.Run();
+  return 0;
+}
