@@ -85,6 +85,14 @@ def is_stdlib(filename: str) -> bool:
     return any(real.startswith(stdlib) for stdlib in _STDLIB_DIRS)
 
 
+def is_installed_package(filename: str) -> bool:
+    """True for files of installed packages (site-packages), i.e. not the user's own code."""
+    if not filename or filename.startswith("<"):
+        return False
+    real = os.path.normcase(os.path.realpath(filename))
+    return any(real.startswith(site) for site in _SITE_DIRS)
+
+
 def source_line(filename: str, line: int) -> str:
     """The stripped source text of ``filename:line``, or '' when it cannot be read."""
     if not filename or line <= 0:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from torchmem import _stack
-from torchmem._leak_format import format_bytes, is_stdlib, short_path, source_line
+from torchmem._leak_format import is_installed_package, format_bytes, is_stdlib, short_path, source_line
 from torchmem._owners import Owner
 
 # Kinds, in the order a report lists them. Only the first two count as leaked.
@@ -364,7 +364,28 @@ def _stack_lines(finding: Finding) -> tuple[str, ...]:
             continue
         code = source_line(frame.filename, frame.line) if frame is site else ""
         lines.append(f"{short_path(frame.filename)}:{frame.line}  {code or 'in ' + frame.name + '()'}")
+    caller = _first_own_code_caller(frames, shown)
+    if caller is not None:
+        lines.append(f"called from {short_path(caller.filename)}:{caller.line}  "
+                     f"{source_line(caller.filename, caller.line) or 'in ' + caller.name + '()'}")
     return tuple(lines)
+
+
+def _first_own_code_caller(frames: list, shown: list):
+    """When every frame shown is an installed package's (torchmetrics, a trainer library),
+    the frame where the user's own code called into them, if the stack reaches it:
+    the line to change is usually there."""
+    real_shown = [frame for frame in shown if not _is_marker(frame)]
+    if not real_shown or not all(is_installed_package(frame.filename) for frame in real_shown):
+        return None
+    for frame in frames[frames.index(real_shown[-1]) + 1:]:
+        if _is_marker(frame) and " internal frame" in frame.name:
+            return None  # the runner's frames: the user's code was not on the stack
+        if _is_marker(frame) or _is_internal(frame) or is_stdlib(frame.filename):
+            continue
+        if not is_installed_package(frame.filename):
+            return frame
+    return None
 
 
 def _render_stack(finding: Finding) -> Iterable[str]:

@@ -406,3 +406,24 @@ def test_a_scope_closed_behind_the_checks_back_is_reported_and_the_check_release
     assert not _C.stack_capture_requested()
     with check:  # usable again
         pass
+
+
+def test_a_site_deep_in_installed_packages_also_names_where_the_users_code_called_in():
+    # torchmetrics (an installed package) allocates five frames deep; the report shows
+    # its first frames and then the user's own line that called into it.
+    import torchmetrics
+
+    from torchmem._leak_report import Finding, _stack_lines
+    from torchmem._stack import Frame
+
+    library = torchmetrics.__file__
+    frames = tuple(Frame(library, line, f"inner{line}") for line in (10, 20, 30, 40, 50)) + (
+        Frame(__file__, 7, "train_step"),
+    )
+    finding = Finding(kind="reachable", device="cpu", address=0, size=512, requested_size=4,
+                      tag=None, stream=0, frames=frames)
+    lines = _stack_lines(finding)
+    assert len(lines) == 5
+    assert lines[0].startswith("torchmetrics/__init__.py:10")
+    assert lines[-1].startswith("called from ") and f":7  " in lines[-1]
+    assert lines[-1].endswith(open(__file__).read().splitlines()[6].strip())
