@@ -9,18 +9,24 @@ glibc malloc, which serves large sizes with mmap/munmap); torchmem is installed 
 ``torchmem.install("cpu")`` and caches freed blocks.
 
 How: time is the thread's CPU time by default (``--clock wall`` for elapsed time), which
-other processes on a shared machine disturb much less. Each measurement runs in its own
-subprocess (an allocator is chosen once per
-process), A and B alternate (ABBA order across rounds, so drifts of a busy machine hit
-both), and each figure is the median over rounds of the per-process median over
-batches. The result is a table with the speedup default/torchmem (> 1: torchmem is
-faster). A 0-byte row measures the floor, PyTorch's per-tensor cost without a real
+other processes on a shared machine disturb less (on a virtual machine it still includes
+time the hypervisor takes away, so slow phases of a busy host lasting seconds show up).
+``--mode interleaved`` (the default): one process per round; inside it, for each size,
+batches of the two allocators alternate (A B B A ..., swapping with
+``torchmem.install("cpu")``/``uninstall("cpu")``, which c10 allows at any time; both
+caches stay warm), so the two sides of each ratio ran milliseconds apart. Each figure
+is the median over rounds of the per-process median over batches; the speedup is the
+median over rounds of the per-process median of the per-batch-pair ratios.
+``--mode processes``: each allocator in its own subprocess per round (ABBA order across
+rounds), the original method; a slow phase then hits one side of a ratio only.
+The result is a table with the speedup default/torchmem (> 1: torchmem is faster). A 0-byte row measures the floor, PyTorch's per-tensor cost without a real
 allocation (c10 asks no allocator for 0 bytes' memory); "over floor" columns subtract it
 to show what the allocator itself costs.
 
 Run (torchmem's extension must be built into torchmem/_C*.so):
     PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py
     PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py --rounds 7 --json out.json
+    PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py --mode processes
 It measures and prints; it asserts nothing about time.
 """
 
@@ -99,6 +105,74 @@ def worker(allocator: str, sizes: list[int], batch_seconds: float, batches: int,
             "torch": torch.__version__}
 
 
+def worker_interleaved(sizes: list[int], batch_seconds: float, batches: int,
+                       clock: str) -> dict:
+    """Runs in the subprocess: both allocators, batches alternating, for every size."""
+    import torch
+
+    import torchmem
+
+    now = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
+    torch.set_num_threads(1)
+    empty = torch.empty
+    u8 = torch.uint8
+
+    def use(allocator: str) -> None:
+        if allocator == "torchmem":
+            torchmem.install("cpu")
+        else:
+            torchmem.uninstall("cpu")
+
+    def timed(nbytes: int, iterations: int) -> float:
+        start = now()
+        for _ in range(iterations):
+            t = empty(nbytes, dtype=u8)
+            del t
+        return (now() - start) / iterations
+
+    results = {a: {} for a in ALLOCATORS}
+    ratios = {}
+    for nbytes in sizes:
+        counts = {}
+        for allocator in ALLOCATORS:  # warm up and calibrate each side
+            use(allocator)
+            iterations = 64
+            while True:
+                start = now()
+                timed(nbytes, iterations)
+                elapsed = now() - start
+                if elapsed >= batch_seconds * 1e9 / 4 or iterations >= 1 << 22:
+                    break
+                iterations *= 2
+            counts[allocator] = max(16, int(iterations * batch_seconds * 1e9 / max(elapsed, 1)))
+        per_batch = {a: [] for a in ALLOCATORS}
+        pair_ratios = []
+        for batch in range(batches):
+            order = ALLOCATORS if batch % 2 == 0 else tuple(reversed(ALLOCATORS))
+            for allocator in order:
+                use(allocator)
+                per_batch[allocator].append(timed(nbytes, counts[allocator]))
+            pair_ratios.append(per_batch["default"][-1] / max(per_batch["torchmem"][-1], 1e-9))
+        for allocator in ALLOCATORS:
+            results[allocator][str(nbytes)] = statistics.median(per_batch[allocator])
+        ratios[str(nbytes)] = statistics.median(pair_ratios)
+    use("default")
+    check = torchmem.memory_stats("cpu").get("allocation.all.allocated")
+    return {"mode": "interleaved", "ns_per_pair": results, "speedup": ratios,
+            "torchmem_allocations": check, "torch": torch.__version__}
+
+
+def run_interleaved(args: argparse.Namespace) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "interleaved",
+               "--sizes", ",".join(str(s) for s in args.sizes),
+               "--batch-seconds", str(args.batch_seconds), "--batches", str(args.batches),
+               "--clock", args.clock]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        sys.exit(f"cpu_tensor_benchmark: the interleaved worker failed:\n{completed.stderr}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
 def run_worker(allocator: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", allocator,
                "--sizes", ",".join(str(s) for s in args.sizes),
@@ -129,10 +203,19 @@ def main() -> None:
                         help="cpu (default): the thread's CPU time, user + system (mmap, "
                              "munmap and page faults included), robust when other processes "
                              "share the cores; wall: elapsed time")
+    parser.add_argument("--mode", choices=("interleaved", "processes"), default="interleaved",
+                        help="interleaved (default): both allocators in one process per round, "
+                             "batches alternating; processes: one process per allocator and "
+                             "round")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--worker", choices=ALLOCATORS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=ALLOCATORS + ("interleaved",),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    if args.worker == "interleaved":
+        print(json.dumps(worker_interleaved(args.sizes, args.batch_seconds, args.batches,
+                                            args.clock)))
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.sizes, args.batch_seconds, args.batches,
                                 args.clock)))
@@ -140,30 +223,43 @@ def main() -> None:
 
     samples: dict[str, dict[int, list[float]]] = {a: {s: [] for s in args.sizes}
                                                   for a in ALLOCATORS}
+    round_speedups: dict[int, list[float]] = {s: [] for s in args.sizes}
     torchmem_allocations = None
     for round_index in range(args.rounds):
-        order = ALLOCATORS if round_index % 2 == 0 else tuple(reversed(ALLOCATORS))
-        for allocator in order:
-            result = run_worker(allocator, args)
-            if allocator == "torchmem":
-                torchmem_allocations = result["torchmem_allocations"]
+        if args.mode == "interleaved":
+            result = run_interleaved(args)
+            torchmem_allocations = result["torchmem_allocations"]
             for size in args.sizes:
-                samples[allocator][size].append(result["ns_per_pair"][str(size)])
+                for allocator in ALLOCATORS:
+                    samples[allocator][size].append(result["ns_per_pair"][allocator][str(size)])
+                round_speedups[size].append(result["speedup"][str(size)])
+        else:
+            order = ALLOCATORS if round_index % 2 == 0 else tuple(reversed(ALLOCATORS))
+            for allocator in order:
+                result = run_worker(allocator, args)
+                if allocator == "torchmem":
+                    torchmem_allocations = result["torchmem_allocations"]
+                for size in args.sizes:
+                    samples[allocator][size].append(result["ns_per_pair"][str(size)])
+            for size in args.sizes:
+                round_speedups[size].append(samples["default"][size][-1] /
+                                            max(samples["torchmem"][size][-1], 1e-9))
         print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
 
     rows = []
     medians = {a: {s: statistics.median(samples[a][s]) for s in args.sizes} for a in ALLOCATORS}
     floor = {a: medians[a].get(0) for a in ALLOCATORS}
     print(f"torch.empty(nbytes, dtype=torch.uint8) + del, ns per pair ({args.clock} time, "
-          f"median of {args.rounds} alternating rounds)")
+          f"median of {args.rounds} rounds, {args.mode}; speedup = median of per-round ratios)")
     print(f"{'size':>12} {'default':>9} {'torchmem':>9} {'speedup':>8}   "
           f"{'default-floor':>13} {'torchmem-floor':>14}")
     for size in args.sizes:
         default = medians["default"][size]
         ours = medians["torchmem"][size]
-        speedup = default / ours if ours > 0 else float("nan")
+        speedup = statistics.median(round_speedups[size])
         rows.append({"bytes": size, "default_ns": default, "torchmem_ns": ours,
                      "speedup_default_over_torchmem": speedup,
+                     "round_speedups": round_speedups[size],
                      "default_samples": samples["default"][size],
                      "torchmem_samples": samples["torchmem"][size]})
         label = "0 B (floor)" if size == 0 else format_bytes(size)
@@ -176,7 +272,9 @@ def main() -> None:
           f"speedup = default ns / torchmem ns)")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"rounds": args.rounds, "clock": args.clock, "rows": rows}, out, indent=2)
+            json.dump({"rounds": args.rounds, "clock": args.clock, "mode": args.mode,
+                       "batches": args.batches, "batch_seconds": args.batch_seconds,
+                       "rows": rows}, out, indent=2)
 
 
 if __name__ == "__main__":

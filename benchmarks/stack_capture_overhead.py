@@ -16,16 +16,20 @@ cost is paid once per allocation site, not per allocation.
 For comparison, the design notes (DESIGN.md, "Performance") put PyTorch's
 ``torch.cuda.memory._record_memory_history`` at about 2 us per allocation: it
 takes the GIL and gathers the stack on every allocation. It needs a CUDA device,
-so it is cited here, not measured.
+so it is cited here; ``cuda_e2e_benchmark.py --variants native,native_history``
+measures it on the simulated CUDA device (and ``run_all.py`` reports both).
 
 How: capture off and on alternate within each round (off/on, then on/off, so a
 drifting machine hits both); each figure is the median (and the minimum, the
 least disturbed) over rounds of ns per iteration of a timed loop. Same process,
-same allocator, same cache state.
+same allocator, same cache state. Time is the thread's CPU time by default
+(``--clock wall`` for elapsed time), which other processes on a shared machine
+disturb much less.
 
 Run (torchmem's extension must be built into torchmem/_C*.so):
     PYTHONPATH=/work/main python3 benchmarks/stack_capture_overhead.py
     PYTHONPATH=/work/main python3 benchmarks/stack_capture_overhead.py --rounds 31 --depths 0 50 200
+    PYTHONPATH=/work/main python3 benchmarks/stack_capture_overhead.py --json out.json
 It measures and prints; it asserts nothing about time.
 """
 
@@ -33,11 +37,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import time
 
 PYTORCH_RECORD_HISTORY_NS = 2000  # DESIGN.md: ~2 us per allocation
+_now = time.thread_time_ns  # --clock: CPU time of this thread (default) or perf_counter_ns
 
 
 def at_depth(depth: int, fn, *args):
@@ -61,11 +67,11 @@ def timed_loop(iterations: int) -> tuple[float, int]:
 
     empty = torch.empty
     depth = frames_here()
-    start = time.perf_counter_ns()
+    start = _now()
     for _ in range(iterations):
         t = empty(256)
         del t
-    return (time.perf_counter_ns() - start) / iterations, depth
+    return (_now() - start) / iterations, depth
 
 
 def first_sight(count: int) -> float:
@@ -77,10 +83,10 @@ def first_sight(count: int) -> float:
         namespace = {"torch": torch}
         exec(compile("def site():\n    t = torch.empty(256)\n", f"<site-{i}>", "exec"), namespace)
         sites.append(namespace["site"])
-    start = time.perf_counter_ns()
+    start = _now()
     for site in sites:
         site()
-    return (time.perf_counter_ns() - start) / count
+    return (_now() - start) / count
 
 
 def measure(depths: list[int], rounds: int, iterations: int) -> dict:
@@ -126,12 +132,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iterations", type=int, default=20_000)
     parser.add_argument("--depths", type=int, nargs="+", default=[0, 25, 95])
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="cpu (default): the thread's CPU time; wall: elapsed time")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
+    global _now
+    _now = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
 
     import torch
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CPU tensors through torchmem; "
-          f"{args.rounds} rounds x {args.iterations} iterations per mode and depth")
+          f"{args.rounds} rounds x {args.iterations} iterations per mode and depth; {args.clock} time")
     out = measure(args.depths, args.rounds, args.iterations)
     samples = out["samples"]
     print()
@@ -154,6 +165,24 @@ def main() -> int:
           f"{stats['gil_acquisitions']} times (new code objects only); GIL-free walk: {stats['gil_free_walk']}")
     print(f"after prune: {after['interned_stacks']} stacks, {after['code_objects_held']} code objects, "
           f"{after['bytes_used']} bytes")
+    if args.json:
+        rows = []
+        for depth in args.depths:
+            off, on = samples[(depth, False)], samples[(depth, True)]
+            rows.append({"depth": depth, "frames": out["frames"][depth],
+                         "off_ns": statistics.median(off), "on_ns": statistics.median(on),
+                         "on_minus_off_ns": statistics.median(on) - statistics.median(off),
+                         "min_off_ns": min(off), "min_on_ns": min(on),
+                         "paired_on_minus_off_ns": statistics.median(
+                             [b - a for a, b in zip(off, on)]),
+                         "off_samples": off, "on_samples": on})
+        with open(args.json, "w") as stream:
+            json.dump({"rounds": args.rounds, "iterations": args.iterations, "clock": args.clock,
+                       "torch": torch.__version__, "rows": rows,
+                       "first_sight": {"off_ns": first[False], "on_ns": first[True]},
+                       "stats": stats, "stats_after_prune": after,
+                       "pytorch_record_history_cited_ns": PYTORCH_RECORD_HISTORY_NS}, stream,
+                      indent=2)
     return 0
 
 

@@ -126,7 +126,10 @@ std::string TracesDirectory(const std::string& flag_value) {
   if (const char* env = std::getenv("TORCHMEM_TRACES_DIR"); env != nullptr && *env != '\0') {
     return env;
   }
-  return "/work/shared/traces";
+  // The full set beside the repository when it is there, else the samples
+  // checked in under benchmarks/traces (TORCHMEM_SAMPLE_TRACES_DIR, set by CMake).
+  if (std::filesystem::is_directory("/work/shared/traces")) return "/work/shared/traces";
+  return TORCHMEM_SAMPLE_TRACES_DIR;
 }
 
 }  // namespace torchmem_bench

@@ -25,6 +25,8 @@
 //
 // Output per trace: ops replayed, peak reserved / allocated / requested,
 // final reserved, device (backend segment) allocs and frees, ns per op
+// (--clock=cpu, the default: the thread's CPU time, which other processes on a
+// shared machine disturb much less; --clock=wall: steady_clock)
 // (median of --repeat timed replays on fresh engines; the time includes the
 // replayer's address map and the fake backend's calls), warm ns per op
 // (median of --warm_passes further passes over one engine after a first,
@@ -38,7 +40,7 @@
 // Run:
 //   cmake --build build/bench --target trace_replay
 //   build/bench/benchmarks/trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache]
-//       [PATH ...]
+//       [--clock=cpu|wall] [PATH ...]
 // PATH is a trace file or a directory of *.csv traces; without a PATH it
 // replays every trace in $TORCHMEM_TRACES_DIR, else /work/shared/traces.
 // Exit status 1 if a file cannot be read or parsed (the other traces are
@@ -48,6 +50,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +73,7 @@ using torchmem::MemoryStats;
 
 struct Options {
   int repeat = 5;
+  bool cpu_clock = true;  // --clock=cpu (default) or wall
   int warm_passes = 5;
   bool empty_cache = true;
   std::vector<std::string> paths;
@@ -89,6 +93,18 @@ struct ReplayCounts {
   std::int64_t unknown_ops = 0;
   std::string first_error;
 };
+
+// Nanoseconds on the chosen clock: this thread's CPU time, or steady_clock.
+double NowNs(bool cpu_clock) {
+  if (cpu_clock) {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double, std::nano>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::unique_ptr<Engine> NewEngine() {
   torchmem::ControlledBackendOptions options;
@@ -239,10 +255,9 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
   std::vector<double> ns_per_op;
   for (int r = 0; r < options.repeat; ++r) {
     std::unique_ptr<Engine> timed = NewEngine();
-    const auto start = std::chrono::steady_clock::now();
+    const double start = NowNs(options.cpu_clock);
     ReplayCounts timed_counts = Replay(trace, *timed, options.empty_cache, [](Engine&) {});
-    const auto stop = std::chrono::steady_clock::now();
-    const double ns = std::chrono::duration<double, std::nano>(stop - start).count();
+    const double ns = NowNs(options.cpu_clock) - start;
     ns_per_op.push_back(timed_counts.ops == 0 ? 0.0 : ns / static_cast<double>(timed_counts.ops));
   }
   std::sort(ns_per_op.begin(), ns_per_op.end());
@@ -260,11 +275,10 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
         trace, *warm, options.empty_cache, [](Engine&) {}, true);
     const std::int64_t device_allocs_before = warm->GetStats().num_device_alloc;
     for (int pass = 0; pass < options.warm_passes; ++pass) {
-      const auto start = std::chrono::steady_clock::now();
+      const double start = NowNs(options.cpu_clock);
       ReplayCounts warm_counts = Replay(
           trace, *warm, options.empty_cache, [](Engine&) {}, true);
-      const auto stop = std::chrono::steady_clock::now();
-      const double ns = std::chrono::duration<double, std::nano>(stop - start).count();
+      const double ns = NowNs(options.cpu_clock) - start;
       warm_ns_per_op.push_back(warm_counts.ops == 0 ? 0.0
                                                     : ns / static_cast<double>(warm_counts.ops));
     }
@@ -288,7 +302,7 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
       "\"peak_requested_bytes\": %d, \"final_reserved_bytes\": %d, "
       "\"peak_reserved_over_peak_requested\": %.4f, "
       "\"num_device_alloc\": %d, \"num_device_free\": %d, "
-      "\"ns_per_op\": %.1f, \"timed_repeats\": %d, "
+      "\"ns_per_op\": %.1f, \"clock\": \"%s\", \"timed_repeats\": %d, "
       "\"warm_ns_per_op\": %.1f, \"warm_passes\": %d, \"warm_device_allocs\": %d, "
       "\"warm_peak_reserved_bytes\": %d, "
       "\"fragmentation_at_peak_reserved\": %s, \"fragmentation_at_peak_allocated\": %s",
@@ -299,7 +313,8 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
       peak_requested == 0
           ? 0.0
           : static_cast<double>(peak_reserved) / static_cast<double>(peak_requested),
-      stats.num_device_alloc, stats.num_device_free, median_ns, options.repeat, warm_median_ns,
+      stats.num_device_alloc, stats.num_device_free, median_ns,
+      options.cpu_clock ? "cpu" : "wall", options.repeat, warm_median_ns,
       options.warm_passes, warm_device_allocs, warm_peak_reserved,
       FragmentationJson(at_peak_reserved), FragmentationJson(at_peak_allocated));
   if (!counts.first_error.empty()) {
@@ -311,13 +326,15 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
 
 void Usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache] [PATH ...]\n"
+               "usage: trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache] [--clock=cpu|wall]\n"
+               "                    [PATH ...]\n"
                "Replays CSV allocation traces (op,addr,size,stream) through torchmem's engine\n"
                "and prints one JSON object per trace. PATH: a trace or a directory of *.csv\n"
                "traces (default: $TORCHMEM_TRACES_DIR, else /work/shared/traces).\n"
                "  --repeat=N        timed replays per trace, median reported (default 5)\n"
                "  --warm_passes=N   timed passes over a warm engine (default 5; 0: none)\n"
-               "  --no_empty_cache  ignore empty_cache rows instead of calling EmptyCache\n");
+               "  --no_empty_cache  ignore empty_cache rows instead of calling EmptyCache\n"
+               "  --clock=cpu|wall  time on the thread's CPU clock (default) or steady_clock\n");
 }
 
 }  // namespace
@@ -343,6 +360,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--no_empty_cache") {
       options.empty_cache = false;
+    } else if (arg == "--clock=cpu" || arg == "--clock=wall") {
+      options.cpu_clock = arg == "--clock=cpu";
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "trace_replay: unknown flag %s\n", arg.c_str());
       torchmem_bench::Usage(stderr);

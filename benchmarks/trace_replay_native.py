@@ -19,16 +19,16 @@ README). Replay rules (as in trace_replay.cc):
     ``oom`` and unknown ops are ignored and counted.
 Output per trace, one JSON object per line: ops replayed, peak reserved / allocated /
 requested (``torch.cuda.memory_stats()``), final reserved, num_device_alloc/free, ns per
-op (median of --repeat timed replays, each from an empty cache; it includes Python's
-per-call cost, measured separately as ``python_loop_ns_per_op`` by the same loop over
-no-op functions), the same for --warm-passes passes over a warm cache (survivors freed
+op (the thread's CPU time by default, ``--clock wall`` for elapsed time; median of
+--repeat timed replays, each from an empty cache; it includes Python's per-call cost,
+measured separately as ``python_loop_ns_per_op`` by the same loop over no-op functions), the same for --warm-passes passes over a warm cache (survivors freed
 after each pass, like the steps of a training loop: warm_ns_per_op, warm_device_allocs,
 warm_peak_reserved_bytes), and the fragmentation (from ``torch.cuda.memory_snapshot()``) at the
 operation where reserved bytes first reached their peak and where allocated bytes did.
 
-Device: by default each trace runs in a subprocess on the simulated CUDA device
-(tests/simcuda, LD_PRELOAD from ``tests/simcuda/simcuda.py``; it reserves memory lazily,
-so a 60 GiB peak costs nothing). ``--device real`` runs on the machine's CUDA device.
+Device: by default each trace runs in a subprocess (all in one with ``--one-process``) on
+the simulated CUDA device (tests/simcuda, LD_PRELOAD from ``tests/simcuda/simcuda.py``; it
+reserves memory lazily, so a 60 GiB peak costs nothing). ``--device real`` runs on the machine's CUDA device.
 ``--allocator torchmem`` replays through torchmem's CUDA allocator instead
 (``torchmem.install()``; needs torchmem built with CUDA), with figures from
 ``torchmem.memory_stats()``/``torchmem.fragmentation()``.
@@ -38,6 +38,7 @@ Run:
     python3 benchmarks/trace_replay_native.py path/to/trace.csv --repeat 5 --json out.jsonl
     build/bench/benchmarks/trace_replay > engine.jsonl
     python3 benchmarks/trace_replay_native.py --compare engine.jsonl --json native.jsonl
+    python3 benchmarks/trace_replay_native.py --one-process        # one worker for all traces
 It measures and prints; it asserts nothing about time.
 """
 
@@ -53,7 +54,12 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACES = "/work/shared/traces"
+# The full set beside the repository when it is there, else the samples checked in.
+DEFAULT_TRACES = (
+    "/work/shared/traces"
+    if os.path.isdir("/work/shared/traces")
+    else os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
+)
 
 ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, EMPTY_CACHE, OOM, UNKNOWN = range(7)
 OPS = {"alloc": ALLOC, "free": FREE, "segment_alloc": SEGMENT_ALLOC,
@@ -257,6 +263,7 @@ def free_all(live: dict, delete) -> None:
 
 def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> dict:
     torch = allocator.torch
+    now = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
     events = read_trace(path)
     if args.raw:
         raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
@@ -307,9 +314,9 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
     times = []
     for _ in range(args.repeat):
         allocator.reset()
-        start = time.perf_counter_ns()
+        start = now()
         timed = replay(events, allocator, alloc, delete, not args.no_empty_cache)
-        elapsed = time.perf_counter_ns() - start
+        elapsed = now() - start
         free_all(timed.pop("_live"), delete)
         times.append(elapsed / max(timed["ops_replayed"], 1))
 
@@ -323,10 +330,10 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
         free_all(first.pop("_live"), delete)
         before = allocator.stats().get("num_device_alloc", 0) or 0
         for _ in range(args.warm_passes):
-            start = time.perf_counter_ns()
+            start = now()
             timed = replay(events, allocator, alloc, delete, not args.no_empty_cache)
             free_all(timed.pop("_live"), delete)
-            warm_times.append((time.perf_counter_ns() - start) / max(timed["ops_replayed"], 1))
+            warm_times.append((now() - start) / max(timed["ops_replayed"], 1))
         warm_stats = allocator.stats()
         warm = {"warm_ns_per_op": round(statistics.median(warm_times), 1),
                 "warm_passes": args.warm_passes,
@@ -344,9 +351,9 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
 
     loop_times = []
     for _ in range(max(args.repeat, 1)):
-        start = time.perf_counter_ns()
+        start = now()
         fake = replay(events, allocator, fake_alloc, fake_delete, False)
-        loop_times.append((time.perf_counter_ns() - start) / max(fake["ops_replayed"], 1))
+        loop_times.append((now() - start) / max(fake["ops_replayed"], 1))
 
     peak_reserved = stats.get("reserved_bytes.all.peak", 0)
     peak_requested = stats.get("requested_bytes.all.peak", 0)
@@ -367,6 +374,7 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
         "num_device_free": stats.get("num_device_free"),
         "ns_per_op": round(statistics.median(times), 1) if times else 0.0,
         "python_loop_ns_per_op": round(statistics.median(loop_times), 1),
+        "clock": args.clock,
         "timed_repeats": args.repeat,
         **warm,
         "api": "raw" if args.raw else "caching_allocator_alloc",
@@ -403,7 +411,7 @@ def device_environment(args: argparse.Namespace) -> dict:
     except simcuda.SimcudaNotBuilt as error:
         sys.exit(f"trace_replay_native: {error}")
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        p for p in (env.get("PYTHONPATH", ""), str(REPO_ROOT)) if p)  # a PYTHONPATH given wins
     # PyTorch's defaults: no expandable segments, no max_split_size.
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
@@ -413,7 +421,7 @@ def device_environment(args: argparse.Namespace) -> dict:
 def run_trace(path: str, args: argparse.Namespace, env: dict) -> dict | None:
     command = [sys.executable, os.path.abspath(__file__), "--worker",
                "--allocator", args.allocator, "--repeat", str(args.repeat),
-               "--warm-passes", str(args.warm_passes)]
+               "--warm-passes", str(args.warm_passes), "--clock", args.clock]
     for flag in ("raw", "no_empty_cache", "no_fragmentation"):
         if getattr(args, flag):
             command.append("--" + flag.replace("_", "-"))
@@ -424,6 +432,39 @@ def run_trace(path: str, args: argparse.Namespace, env: dict) -> dict | None:
               f"{proc.stderr[-3000:]}", file=sys.stderr)
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_traces_one_process(paths: list[str], args: argparse.Namespace, env: dict):
+    """Replays every trace in one worker process (saves the start-up of torch and CUDA per
+    trace: a few seconds each); the allocator is emptied and its statistics reset before
+    each trace, so each starts from an empty cache as in a fresh process. Yields
+    (path, result or None) in order."""
+    command = [sys.executable, os.path.abspath(__file__), "--worker",
+               "--allocator", args.allocator, "--repeat", str(args.repeat),
+               "--warm-passes", str(args.warm_passes), "--clock", args.clock]
+    for flag in ("raw", "no_empty_cache", "no_fragmentation"):
+        if getattr(args, flag):
+            command.append("--" + flag.replace("_", "-"))
+    command.extend(paths)
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as errors:  # a pipe could fill up and block
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=errors,
+                                text=True)
+        results = {}
+        for line in proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                row = json.loads(line)
+                results[row["path"]] = row
+        proc.wait()
+        errors.seek(0)
+        stderr = errors.read()
+    if proc.returncode != 0:
+        print(f"trace_replay_native: the worker exited with {proc.returncode}:\n"
+              f"{stderr[-3000:]}", file=sys.stderr)
+    for path in paths:
+        yield path, results.get(path)
 
 
 def print_comparison(results: list[dict], engine_file: str) -> None:
@@ -472,7 +513,7 @@ def main() -> int:
                     "object per trace, with the keys of trace_replay.")
     parser.add_argument("paths", nargs="*",
                         help="trace files or directories of *.csv traces (default: "
-                             "$TORCHMEM_TRACES_DIR, else /work/shared/traces)")
+                             "$TORCHMEM_TRACES_DIR, else /work/shared/traces, else benchmarks/traces)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="timed replays per trace, median reported (default 3)")
     parser.add_argument("--warm-passes", type=int, default=5,
@@ -499,6 +540,12 @@ def main() -> int:
     parser.add_argument("--from-json", metavar="NATIVE_JSONL",
                         help="do not replay: read this script's earlier --json output (for "
                              "--compare)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="cpu (default): the thread's CPU time, robust when other processes "
+                             "share the cores; wall: elapsed time")
+    parser.add_argument("--one-process", action="store_true",
+                        help="replay all traces in one process (cache emptied and statistics "
+                             "reset between traces) instead of one process per trace")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -523,9 +570,13 @@ def main() -> int:
     results = []
     status = 0
     out = open(args.json, "w") if args.json else None
-    for path in files:
-        result = run_trace(path, args, env)
+    if args.one_process:
+        outcomes = run_traces_one_process(files, args, env)
+    else:
+        outcomes = ((path, run_trace(path, args, env)) for path in files)
+    for path, result in outcomes:
         if result is None:
+            print(f"trace_replay_native: no result for {path}", file=sys.stderr)
             status = 1
             continue
         results.append(result)
