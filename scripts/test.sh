@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs every test: the README's second command, and what CI runs (.ci/run).
+#
+#   bash scripts/test.sh
+#
+# 1. installs/builds whatever is missing (scripts/install.sh --no-demo);
+# 2. C++ tests (GoogleTest, CTest), including the CUDA backend on the
+#    simulated CUDA device;
+# 3. the same C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer;
+# 4. the concurrency tests under ThreadSanitizer;
+# 5. a CI-sized fuzzing run of the engine (libFuzzer);
+# 6. the Python tests (pytest), CPU tensors and CUDA tensors on the simulated device;
+# 7. a smoke run of the benchmarks (they measure; they are not tests of speed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+JOBS=${MAX_JOBS:-2}
+log() { printf '\n==> %s\n' "$*"; }
+start=$SECONDS
+
+bash scripts/install.sh --no-demo
+[[ -d build/cuda-toolkit && ! -f /usr/local/cuda/include/cuda_runtime_api.h ]] &&
+  export CUDAToolkit_ROOT=$PWD/build/cuda-toolkit
+CUDA_ARGS=()
+[[ -n "${CUDAToolkit_ROOT:-}" ]] && CUDA_ARGS+=("-DCUDAToolkit_ROOT=$CUDAToolkit_ROOT")
+
+log "C++ tests (release)"
+ctest --test-dir build/release --output-on-failure -j "$JOBS"
+
+log "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DTORCHMEM_SANITIZE=address;undefined" \
+  -DTORCHMEM_BUILD_PYTHON=OFF -DTORCHMEM_BUILD_BENCHMARKS=OFF "${CUDA_ARGS[@]}" > /dev/null
+cmake --build build/asan -j "$JOBS"
+# The simulated CUDA runtime is preloaded ahead of the ASan runtime.
+ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1 \
+  ctest --test-dir build/asan --output-on-failure -j "$JOBS"
+
+log "concurrency tests under ThreadSanitizer"
+cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTORCHMEM_SANITIZE=thread \
+  -DTORCHMEM_BUILD_PYTHON=OFF -DTORCHMEM_BUILD_BENCHMARKS=OFF -DTORCHMEM_BUILD_SIMCUDA=OFF \
+  -DTORCHMEM_BUILD_CUDA=OFF > /dev/null
+cmake --build build/tsan -j "$JOBS" --target torchmem_concurrency_tests
+TSAN_OPTIONS=halt_on_error=1 build/tsan/tests/cpp/torchmem_concurrency_tests
+
+log "fuzzing the engine (CI-sized run; tests/fuzz/run_fuzz.sh 3600 for the long one)"
+bash tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-60}"
+
+log "Python tests (CPU tensors, and CUDA tensors on the simulated device)"
+# The uninstrumented simulated device (build/asan has an ASan-built copy).
+export TORCHMEM_SIMCUDA_DIR=$PWD/build/release/simcuda
+$PYTHON -m pytest tests/python -q -p no:cacheprovider
+
+log "benchmark smoke run (benchmarks/run_all.py --quick; it measures, it does not test speed)"
+$PYTHON benchmarks/run_all.py --quick --build-dir build/release --no-build
+
+log "all tests passed in $((SECONDS - start)) s"
