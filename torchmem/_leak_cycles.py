@@ -13,7 +13,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from torchmem._leak_paths import Owner, edge_labels, render_path
+from torchmem._leak_paths import Owner, edge_labels, object_name, render_path
 from torchmem._leak_tensors import BlockIndex, locate_tensors
 
 
@@ -121,7 +121,7 @@ def _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle) 
             node = _owner_of_namespace(node, down, by_id, backward, on_cycle)
             below = _labels_down(node, down, by_id)
             member = by_id[node]
-            owner = Owner(render_path(f"<{type(member).__name__}>", below), "cycle")
+            owner = Owner(render_path(object_name(member), below), "cycle")
             types_in_cycle, expression = _describe_cycle(node, by_id, forward, component)
             return CycleHolder(owner=owner, cycle_types=types_in_cycle, cycle=expression)
         for parent in backward.get(node, ()):
@@ -187,4 +187,5 @@ def _describe_cycle(start: int, by_id, forward, component) -> tuple[tuple, str]:
         if name not in names:
             names.append(name)
     first = type(by_id[start]).__name__
-    return tuple(names), f"{render_path(first, labels)} is the same {first}"
+    base = object_name(by_id[start]) if first == "frame" else first
+    return tuple(names), f"{render_path(base, labels)} is the same {first}"

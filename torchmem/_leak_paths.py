@@ -74,6 +74,8 @@ def edge_labels(parent, child) -> list[tuple]:
     elif isinstance(parent, (set, frozenset)):
         return [("member",)]
     elif isinstance(parent, types.FrameType):
+        if parent.f_back is child:  # a frame keeps its caller alive
+            return [("caller", frame_name(child))]
         for name, value in parent.f_locals.items():
             if value is child:
                 return [("local", name)]
@@ -152,11 +154,32 @@ def _format_key(key) -> str:
     return f"<{type(key).__qualname__}>"
 
 
+def frame_name(frame: types.FrameType) -> str:
+    """``main() [train.py:49]``: a frame as a report names it."""
+    from torchmem._leak_format import short_path
+
+    return f"{frame.f_code.co_name}() [{short_path(frame.f_code.co_filename)}:{frame.f_lineno}]"
+
+
+def object_name(obj) -> str:
+    """The name of an object a path starts from: ``<Type>``, or the frame's function."""
+    if isinstance(obj, types.FrameType):
+        return f"<frame of {frame_name(obj)}>"
+    return f"<{type(obj).__name__}>"
+
+
 def _normalize(labels: list[tuple]) -> list[tuple]:
     """Collapses ``__dict__['name']`` into ``.name`` and nn.Module's ``._parameters['w']``
-    (``_buffers``, ``_modules``) into ``.w`` (``[0]`` for Sequential's numbered children)."""
+    (``_buffers``, ``_modules``) into ``.w`` (``[0]`` for Sequential's numbered children),
+    and a run of callers (frame -> its caller -> ...) into one hop naming the last."""
     out: list[tuple] = []
     for label in labels:
+        if label[0] == "caller" and out and out[-1][0] == "callers":
+            out[-1] = ("callers", out[-1][1] + 1, label[1])
+            continue
+        if label[0] == "caller":
+            out.append(("callers", 1, label[1]))
+            continue
         if label[0] == "item" and out and isinstance(label[1], str):
             previous = out[-1]
             if previous[0] == "dictof" and label[1].isidentifier():
@@ -195,6 +218,9 @@ def render_path(base: str, labels: Iterable[tuple]) -> str:
             out += ".<member>"
         elif kind == "graph":
             out += f" (in its autograd graph: {label[1]})"
+        elif kind == "callers":  # frames keeping their callers alive, down to label[2]
+            hops = f"{label[1]} frames out" if label[1] > 1 else "its caller"
+            out += f" -> ({hops}) {label[2]}"
         else:  # "via": a reference held inside C code
             out += f" -> <{label[1]}>"
     return out

@@ -264,3 +264,16 @@ def test_a_leak_check_with_findings_leaves_no_cycle_holding_the_checked_codes_lo
         assert [finding.kind for finding in report.findings] == ["reachable"]
         assert torchmem.memory_allocated("cpu") - before == 512  # only the leak itself
     KEPT_BY_TEST.clear()
+
+
+def test_a_chain_of_frames_keeping_their_callers_alive_renders_as_one_hop():
+    # A frame caught in a cycle keeps every caller's frame alive; the path names the
+    # frame that holds the tensor, not each frame in between.
+    labels = [("caller", "wrap() [torch/fx/x.py:10]"), ("caller", "main() [train.py:49]"),
+              ("local", "metric"), ("attr", "total")]
+    assert render_path("<frame of wrap()>", labels) == (
+        "<frame of wrap()> -> (2 frames out) main() [train.py:49]:metric.total"
+    )
+    assert render_path("<frame of f()>", [("caller", "g() [a.py:1]"), ("local", "x")]) == (
+        "<frame of f()> -> (its caller) g() [a.py:1]:x"
+    )
