@@ -40,23 +40,10 @@ import subprocess
 import sys
 import time
 
+from bench_util import format_bytes, parse_size
+
 ALLOCATORS = ("default", "torchmem")
 DEFAULT_SIZES = [0, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-
-
-def format_bytes(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().replace("IB", "").replace("B", "")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1] in scale:
-        return int(float(text[:-1]) * scale[text[-1]])
-    return int(text)
 
 
 def worker(allocator: str, sizes: list[int], batch_seconds: float, batches: int,

@@ -65,27 +65,14 @@ import sys
 import time
 from pathlib import Path
 
+from bench_util import at_depth, format_bytes, frames_here, parse_size
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check", "native_history")
 DEFAULT_VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check")
 BASELINE = "native"
 DEFAULT_SIZES = [4 << 10, 1 << 20, 16 << 20]
 APIS = ("empty", "cca", "raw")
-
-
-def format_bytes(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().replace("IB", "").replace("B", "")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1] in scale:
-        return int(float(text[:-1]) * scale[text[-1]])
-    return int(text)
 
 
 def case_names(apis: list[str], sizes: list[int]) -> list[str]:
@@ -103,20 +90,6 @@ def case_label(name: str) -> str:
 
 
 # --- the worker (runs on the simulated device) ---------------------------------------
-
-def at_depth(depth: int, fn, *args):
-    """Calls fn(*args) with `depth` extra Python frames below the caller."""
-    if depth <= 0:
-        return fn(*args)
-    return at_depth(depth - 1, fn, *args)
-
-
-def frames_here() -> int:
-    frame, count = sys._getframe(1), 0
-    while frame is not None:
-        frame, count = frame.f_back, count + 1
-    return count
-
 
 def make_loop(torch, name: str):
     """A function loop(iterations) -> None doing one case's alloc + free `iterations` times."""

@@ -42,23 +42,10 @@ import statistics
 import sys
 import time
 
+from bench_util import at_depth, frames_here
+
 PYTORCH_RECORD_HISTORY_NS = 2000  # DESIGN.md: ~2 us per allocation
 _now = time.thread_time_ns  # --clock: CPU time of this thread (default) or perf_counter_ns
-
-
-def at_depth(depth: int, fn, *args):
-    """Calls fn(*args) with `depth` extra Python frames below the caller."""
-    if depth <= 0:
-        return fn(*args)
-    return at_depth(depth - 1, fn, *args)
-
-
-def frames_here() -> int:
-    """Python frames on this thread's stack, counting the caller's."""
-    frame, count = sys._getframe(1), 0
-    while frame is not None:
-        frame, count = frame.f_back, count + 1
-    return count
 
 
 def timed_loop(iterations: int) -> tuple[float, int]:

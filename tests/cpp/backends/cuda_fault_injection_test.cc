@@ -16,7 +16,6 @@
 //     device's own count, and CheckInvariants() passes;
 // and once the fault stops, the same requests succeed and every byte returns.
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <map>
 #include <memory>
@@ -28,55 +27,15 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "torchmem/backends/cuda_backend.h"
+#include "tests/cpp/support/simcuda_api.h"
 #include "torchmem/core/engine.h"
 
 namespace torchmem {
 namespace {
 
-// The simulated device's control API, resolved from the preloaded runtime.
-struct SimCuda {
-  int (*set_memory_capacity)(int, unsigned long long);
-  unsigned long long (*live_bytes)(int);
-  int (*set_event_mode)(int);
-  int (*complete_stream)(void*);
-  int (*complete_all)();
-  int (*fail_next)(const char*, unsigned long long, int);
-  int (*inject_fault)(const char*, unsigned long long, unsigned long long, int);
-  void (*clear_faults)();
-  unsigned long long (*call_count)(const char*);
-  void (*reset)();
+using testing::SimCuda;
 
-  static const SimCuda& Get() {
-    static const SimCuda api = [] {
-      SimCuda s{};
-      auto resolve = [](const char* name) {
-        void* symbol = dlsym(RTLD_DEFAULT, name);
-        if (symbol == nullptr) {
-          ADD_FAILURE() << name << " not found: run this test with tests/simcuda's libcudart.so.13 "
-                        << "and libcuda.so.1 in LD_PRELOAD (ctest does this)";
-        }
-        return symbol;
-      };
-      s.set_memory_capacity =
-          reinterpret_cast<decltype(s.set_memory_capacity)>(resolve("simcuda_set_memory_capacity"));
-      s.live_bytes = reinterpret_cast<decltype(s.live_bytes)>(resolve("simcuda_live_bytes"));
-      s.set_event_mode =
-          reinterpret_cast<decltype(s.set_event_mode)>(resolve("simcuda_set_event_mode"));
-      s.complete_stream =
-          reinterpret_cast<decltype(s.complete_stream)>(resolve("simcuda_complete_stream"));
-      s.complete_all = reinterpret_cast<decltype(s.complete_all)>(resolve("simcuda_complete_all"));
-      s.fail_next = reinterpret_cast<decltype(s.fail_next)>(resolve("simcuda_fail_next"));
-      s.inject_fault = reinterpret_cast<decltype(s.inject_fault)>(resolve("simcuda_inject_fault"));
-      s.clear_faults = reinterpret_cast<decltype(s.clear_faults)>(resolve("simcuda_clear_faults"));
-      s.call_count = reinterpret_cast<decltype(s.call_count)>(resolve("simcuda_call_count"));
-      s.reset = reinterpret_cast<decltype(s.reset)>(resolve("simcuda_reset"));
-      return s;
-    }();
-    return api;
-  }
-};
-
-constexpr int kManualEvents = 1;
+constexpr int kManualEvents = testing::kSimCudaManualEvents;
 constexpr unsigned long long kForever = 1ull << 40;
 constexpr std::size_t kDeviceCapacity = 64 * kMiB;
 
