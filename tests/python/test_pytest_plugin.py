@@ -203,10 +203,10 @@ def test_command_line_options_override_the_ini_file(pytester, run_pytest):
     result.stdout.fnmatch_lines(["FAILED test_example.py::test_unchecked_leak*"])
 
 
-def test_a_bad_device_setting_is_a_usage_error(pytester):
+def test_a_bad_device_setting_is_a_usage_error(pytester, run_pytest):
     pytester.makepyfile(test_example="def test_nothing():\n    pass\n")
 
-    result = pytester.runpytest("-p", "torchmem.pytest_plugin", "--torchmem", "--torchmem-device=tpu")
+    result = run_pytest("--torchmem", "--torchmem-device=tpu")
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown device 'tpu'; use 'cpu', 'cuda', 'cuda:N' or 'auto'*"])
