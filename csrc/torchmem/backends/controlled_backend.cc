@@ -11,8 +11,9 @@ namespace {
 // Gap between fake segments, so an off-by-one address never lands in the
 // next segment.
 constexpr std::uintptr_t kAddressGap = std::uintptr_t{2} << 20;
-// Fake segments are handed out below this address; a request that would
-// cross it fails like a full device (fuzzers ask for absurd sizes).
+// Fake segments are handed out in [kAddressBase, kAddressLimit); a request
+// that does not fit fails like a full device (fuzzers ask for absurd sizes).
+constexpr std::uintptr_t kAddressBase = std::uintptr_t{1} << 44;
 constexpr std::uintptr_t kAddressLimit = std::uintptr_t{1} << 62;
 
 }  // namespace
@@ -83,13 +84,15 @@ absl::StatusOr<std::uintptr_t> ControlledBackend::AllocateSegment(std::size_t si
     if (memory == MAP_FAILED) return absl::ResourceExhaustedError("mmap failed");
     address = reinterpret_cast<std::uintptr_t>(memory);
   } else {
-    const std::uintptr_t limit_left = kAddressLimit - next_address_;
+    const std::uintptr_t limit_left = kAddressLimit - kAddressBase - used_address_space_;
     if (limit_left < 2 * kAddressGap || size > limit_left - 2 * kAddressGap) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "%s: no fake address range of %d bytes is left", options_.device_name, size));
     }
-    address = next_address_;
-    next_address_ += (size + kAddressGap - 1) / kAddressGap * kAddressGap + kAddressGap;
+    const std::uintptr_t stride = (size + kAddressGap - 1) / kAddressGap * kAddressGap + kAddressGap;
+    address = options_.top_down_addresses ? kAddressLimit - used_address_space_ - stride
+                                          : kAddressBase + used_address_space_;
+    used_address_space_ += stride;
   }
   segments_.emplace(address, size);
   live_bytes_ += size;

@@ -32,6 +32,9 @@ struct ControlledBackendOptions {
   std::size_t capacity_bytes = std::size_t{64} << 30;
   bool real_memory = false;
   bool auto_complete_events = false;
+  // Fake segments at decreasing addresses, as mmap (and so the simulated CUDA
+  // device) hands them out; by default at increasing addresses.
+  bool top_down_addresses = false;
 };
 
 class ControlledBackend final : public Backend {
@@ -78,7 +81,7 @@ class ControlledBackend final : public Backend {
   std::string forbid_reason_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::uintptr_t, std::size_t> segments_ ABSL_GUARDED_BY(mutex_);
   std::size_t live_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
-  std::uintptr_t next_address_ ABSL_GUARDED_BY(mutex_) = std::uintptr_t{1} << 44;
+  std::uintptr_t used_address_space_ ABSL_GUARDED_BY(mutex_) = 0;  // fake segments and gaps
   absl::flat_hash_map<StreamId, StreamProgress> streams_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<EventId, Event> events_ ABSL_GUARDED_BY(mutex_);
   EventId next_event_ ABSL_GUARDED_BY(mutex_) = 1;

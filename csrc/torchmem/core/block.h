@@ -55,6 +55,9 @@ struct Segment {
   StreamId stream = 0;
   Block* first = nullptr;        // block at `address`
   FreeLists* lists = nullptr;    // free lists of (stream, pool)
+  // Creation order among the engine's segments (1, 2, ...): best fit prefers
+  // blocks of older segments among blocks of equal size (see FreeLists).
+  std::uint64_t registration = 0;
 };
 
 struct Block {

@@ -168,6 +168,7 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   segment->pool = pool;
   segment->stream = stream;
   segment->lists = &ListsFor(stream).pools[static_cast<int>(pool)];
+  segment->registration = next_segment_registration_++;
   Block* block = NewBlock();
   block->address = *address;
   block->size = segment_size;

@@ -232,6 +232,7 @@ class Engine {
   std::size_t memory_limit_ ABSL_GUARDED_BY(mutex_) = 0;
   MemoryStats stats_ ABSL_GUARDED_BY(mutex_);
   std::uint64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::uint64_t next_segment_registration_ ABSL_GUARDED_BY(mutex_) = 1;
   std::unique_ptr<TraceRing> trace_ ABSL_GUARDED_BY(mutex_);
 
   // Every block of every segment, free or not, by address.

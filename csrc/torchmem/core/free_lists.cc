@@ -47,12 +47,12 @@ void FreeLists::Insert(Block* block) {
     block->index = FreeIndex::kOversized;
     return;
   }
-  // Keep the list in address order, so that the head is the lowest address.
+  // Keep the list in placement order, so that the head is handed out first.
   Block*& head = Head(cls);
   if (head == nullptr) SetBit(cls);
   Block* prev = nullptr;
   Block* next = head;
-  while (next != nullptr && next->address < block->address) {
+  while (next != nullptr && PlacedBefore(next, block)) {
     prev = next;
     next = next->cache_next;
   }

@@ -11,11 +11,19 @@
 // kClassCount units, 32 MiB with 512 B units: only dedicated segments) live
 // in an ordered set instead.
 //
-// Among blocks of the same size the lowest address is handed out first, as
-// in PyTorch: each class list is kept in address order (insertion walks from
-// the head; lists are short in practice, 5-9 blocks on average over the
-// replayed traces). Handing out the most recently freed block instead costs
-// the same but reserves up to 0.6% more than PyTorch on some traces.
+// Among blocks of the same size, the block of the oldest segment is handed
+// out first, then the lowest address: PyTorch 2.14's order. Its free-block set
+// compares (stream, size, segment registration counter, address); the counter
+// (`BlockComparatorSizeCounterAddress` in libc10_cuda.so, read from the
+// disassembly: the wheel ships no source) is taken from a global counter at
+// each cudaMalloc and inherited by the blocks split from that segment. Earlier
+// versions broke ties by address alone; the two agree only while newer
+// segments sit at higher addresses, which a real or simulated cudaMalloc does
+// not promise (the simulated device hands out addresses top down). Each class
+// list is kept in that order (insertion walks from the head; lists are short in
+// practice, 5-9 blocks on average over the replayed traces). Handing out the
+// most recently freed block instead costs the same but reserves up to 0.6%
+// more than PyTorch on some traces.
 //
 // Invariants: each free block is in exactly one place (its class list or the
 // oversized set); a class's bit is set iff its list is non-empty; a summary
@@ -72,15 +80,21 @@ class FreeLists {
   static constexpr std::size_t kSummaryWords = kWords / 64;       // level-0 summary words
   using Chunk = std::array<Block*, kClassesPerChunk>;
 
-  // Orders by (size, address); transparent so best fit can probe with a
-  // bare size, which orders before every block of that size.
+  // Among blocks of equal size: true if `a` is handed out before `b`.
+  static bool PlacedBefore(const Block* a, const Block* b) {
+    const std::uint64_t age_a = a->segment->registration;
+    const std::uint64_t age_b = b->segment->registration;
+    return age_a != age_b ? age_a < age_b : a->address < b->address;
+  }
+  // Orders by size, then PlacedBefore; transparent so best fit can probe
+  // with a bare size, which orders before every block of that size.
   struct SizeProbe {
     std::size_t size;
   };
-  struct BySizeThenAddress {
+  struct BySizeThenPlacement {
     using is_transparent = void;
     bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->address < b->address;
+      return a->size != b->size ? a->size < b->size : PlacedBefore(a, b);
     }
     bool operator()(const Block* a, SizeProbe b) const { return a->size < b.size; }
     bool operator()(SizeProbe a, const Block* b) const { return a.size <= b->size; }
@@ -107,7 +121,7 @@ class FreeLists {
   std::array<std::unique_ptr<Chunk>, kClassCount / kClassesPerChunk> chunks_;
   std::array<std::uint64_t, kWords> bits_{};
   std::array<std::uint64_t, kSummaryWords> summary_{};
-  absl::btree_set<Block*, BySizeThenAddress> oversized_;
+  absl::btree_set<Block*, BySizeThenPlacement> oversized_;
 };
 
 }  // namespace torchmem

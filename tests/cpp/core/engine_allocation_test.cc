@@ -59,6 +59,56 @@ TEST_F(EngineTest, BestFitPicksTheSmallestFreeBlockThatFits) {
   for (void* p : {ptr, keep1, keep2, keep3}) Free(p);
 }
 
+// Segments at decreasing addresses, as mmap and the simulated CUDA device
+// hand them out.
+class TopDownEngineTest : public EngineTest {
+ protected:
+  TopDownEngineTest() : EngineTest(ControlledBackendOptions{.top_down_addresses = true}) {}
+};
+
+// PyTorch 2.14 breaks ties between free blocks of equal size by the age of
+// their segment, then by address: with segments at decreasing addresses,
+// lowest address first would place differently and reserve more than it.
+TEST_F(TopDownEngineTest, AmongEqualFreeBlocksTheOlderSegmentsIsHandedOutFirst) {
+  void* older = Allocate(16 * kMiB);
+  void* newer = Allocate(16 * kMiB);
+  ASSERT_GT(Address(older), Address(newer));
+  Free(older);
+  Free(newer);
+
+  void* ptr = Allocate(4 * kMiB);
+
+  EXPECT_EQ(ptr, older);
+  Free(ptr);
+}
+
+TEST_F(TopDownEngineTest, OversizedFreeBlocksAlsoPreferTheOlderSegment) {
+  // Above 32 MiB, free blocks live in an ordered set rather than class lists.
+  void* older = Allocate(40 * kMiB);
+  void* newer = Allocate(40 * kMiB);
+  Free(newer);
+  Free(older);
+
+  void* ptr = Allocate(34 * kMiB);
+
+  EXPECT_EQ(ptr, older);
+  Free(ptr);
+}
+
+TEST_F(TopDownEngineTest, WithinOneSegmentTheLowerAddressIsHandedOutFirst) {
+  void* low_hole = Allocate(4096);
+  void* keep1 = Allocate(512);
+  void* high_hole = Allocate(4096);
+  void* keep2 = Allocate(512);
+  Free(high_hole);
+  Free(low_hole);
+
+  void* ptr = Allocate(4096);
+
+  EXPECT_EQ(ptr, low_hole);
+  for (void* p : {ptr, keep1, keep2}) Free(p);
+}
+
 TEST_F(EngineTest, BestFitSplitsTheSmallestHoleRatherThanTheSegmentTail) {
   void* hole_8k = Allocate(8192);
   void* keep = Allocate(512);
