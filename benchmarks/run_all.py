@@ -1387,7 +1387,9 @@ def main() -> int:
                         help="A/B rounds of the CUDA and CPU benchmarks (default 7)")
     parser.add_argument("--out", type=Path,
                         help="report directory (default benchmarks/results; --quick: "
-                             "benchmarks/results/raw/quick)")
+                             "benchmarks/results/raw/quick; --only/--skip: "
+                             "benchmarks/results/raw/partial, so a partial run never replaces "
+                             "the full report)")
     parser.add_argument("--build-dir", type=Path, default=REPO / "build" / "bench",
                         help="CMake build directory for the C++ tools and the simulated device "
                              "(default build/bench)")
@@ -1408,8 +1410,10 @@ def main() -> int:
                              "last run in the output directory")
     args = parser.parse_args()
     args.build_dir = args.build_dir.resolve()
-    out = (args.out or (BENCH / "results" / "raw" / "quick" if args.quick else
-                        BENCH / "results")).resolve()
+    default_out = (BENCH / "results" / "raw" / "quick" if args.quick else
+                   BENCH / "results" / "raw" / "partial" if args.only or args.skip else
+                   BENCH / "results")
+    out = (args.out or default_out).resolve()
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
 
