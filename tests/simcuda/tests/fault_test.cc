@@ -5,6 +5,13 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
 
 #include "simcuda_control.h"
 #include "tests/test_util.h"
@@ -96,6 +103,34 @@ TEST_F(FaultTest, CountersCountEveryCallAndReset) {
   EXPECT_EQ(simcuda_call_count("cudaNeverCalled"), 0u);
   simcuda_reset_call_counts();
   EXPECT_EQ(simcuda_call_count("cudaGetDevice"), 0u);
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(simcuda_call_count("cudaGetDevice"), 1u);
+}
+
+TEST_F(FaultTest, TheTraceReportsEveryCallOfTheProcessDespiteResets) {
+  // Test fixtures reset the counters between tests; the SIMCUDA_TRACE report
+  // must still say what the whole process called.
+  int device = -1;
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  simcuda_reset_call_counts();
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  char path[] = "/tmp/simcuda-trace-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+
+  ASSERT_EQ(simcuda_write_trace(path), cudaSuccess);
+
+  std::ifstream trace(path);
+  std::string library, call;
+  unsigned long long count = 0;
+  unsigned long long reported = 0;
+  while (trace >> library >> call >> count) {
+    if (library == "runtime" && call == "cudaGetDevice") reported = count;
+    trace.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  std::remove(path);
+  EXPECT_GE(reported, 4u);  // 3 before the reset + 1 after (+ any the fixture made)
 }
 
 TEST_F(FaultTest, DriverCallsAreCountedAndFaultable) {

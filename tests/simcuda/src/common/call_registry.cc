@@ -83,13 +83,14 @@ uint64_t CallCount(const char* name) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.sites.find(name);
-  return it == r.sites.end() ? 0 : it->second->count.load();
+  if (it == r.sites.end()) return 0;
+  return it->second->count.load() - it->second->count_at_reset.load();
 }
 
 void ResetCallCounts() {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  for (auto& entry : r.sites) entry.second->count.store(0);
+  for (auto& entry : r.sites) entry.second->count_at_reset.store(entry.second->count.load());
 }
 
 void ArmFault(const char* name, uint64_t skip, uint64_t count, int error) {

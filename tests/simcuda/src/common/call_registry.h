@@ -22,7 +22,11 @@ namespace simcuda {
 struct CallSite {
   explicit CallSite(std::string n) : name(std::move(n)) {}
   const std::string name;
+  // Calls over the process's life: the SIMCUDA_TRACE report. Never reset, so
+  // a test that resets the counters does not erase what the process did.
   std::atomic<uint64_t> count{0};
+  // `count` at the last ResetCallCounts(): CallCount() reports calls since.
+  std::atomic<uint64_t> count_at_reset{0};
   std::atomic<bool> fault_armed{false};
   std::atomic<bool> unsupported{false};  // set when the stub first runs
 
@@ -34,7 +38,8 @@ struct CallSite {
 // Returns the site for `name`, creating it on first use. Thread-safe.
 CallSite* RegisterCall(const char* name);
 
-// Count of calls made to `name` so far (0 if never called).
+// Count of calls made to `name` since the last ResetCallCounts() (0 if
+// never called). The reset does not change what WriteTrace reports.
 uint64_t CallCount(const char* name);
 void ResetCallCounts();
 
@@ -58,7 +63,7 @@ bool IsDriverCallName(const std::string& name);
 void ReportUnsupported(CallSite* site);
 
 // Appends "<label> <name> <count>[ unsupported]" lines for every site that
-// was called to `path` ("%p" in the path becomes the process id); <label> is
+// was called in the process's life to `path` ("%p" in the path becomes the process id); <label> is
 // the SIMCUDA_LIBRARY_LABEL the library was compiled with ("runtime" or
 // "driver"). Returns false on I/O error. If SIMCUDA_TRACE is set, this runs
 // by itself when the library is unloaded at process exit.
