@@ -173,6 +173,11 @@ absl::Status Engine::CheckInvariants() const {
         }
       });
       if (!status.ok()) return status;
+      if (const Block* misplaced = free_lists.FindMisplaced()) {
+        return Violation(absl::StrFormat(
+            "free block %#x (%d bytes) is out of best-fit order in its size class list",
+            misplaced->address, misplaced->size));
+      }
     }
   }
   if (indexed != recount.free_blocks) {

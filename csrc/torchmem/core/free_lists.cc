@@ -88,6 +88,29 @@ void FreeLists::Remove(Block* block) {
   block->index = FreeIndex::kNone;
 }
 
+const Block* FreeLists::FindMisplaced() const {
+  // Walks only the non-empty classes, through both bitmap levels: the
+  // checker runs after every fuzzed operation.
+  for (std::size_t summary = 0; summary < kSummaryWords; ++summary) {
+    for (std::uint64_t words = summary_[summary]; words != 0; words &= words - 1) {
+      const std::size_t word = summary * 64 + std::countr_zero(words);
+      for (std::uint64_t bits = bits_[word]; bits != 0; bits &= bits - 1) {
+        const std::size_t cls = word * 64 + std::countr_zero(bits);
+        const Block* prev = nullptr;
+        for (const Block* block = HeadOrNull(cls); block != nullptr;
+             block = block->cache_next) {
+          if (ClassOf(block->size) != cls || block->cache_prev != prev ||
+              (prev != nullptr && !PlacedBefore(prev, block))) {
+            return block;
+          }
+          prev = block;
+        }
+      }
+    }
+  }
+  return nullptr;
+}
+
 Block* FreeLists::PeekBestFit(std::size_t size) const {
   const std::size_t cls = ClassOf(size);
   if (cls < kClassCount) {

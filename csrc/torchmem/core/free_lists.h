@@ -62,6 +62,11 @@ class FreeLists {
 
   std::size_t size() const { return count_; }
 
+  // For the invariant checker: the first block out of place in a class list
+  // (its size is not the class's, its list links disagree, or it would be
+  // handed out after the block that follows it), or nullptr if none is.
+  const Block* FindMisplaced() const;
+
   // Visits every free block (for checks and reports).
   template <typename Fn>
   void ForEachFree(Fn fn) const {
