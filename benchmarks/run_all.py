@@ -534,18 +534,29 @@ class Report:
     def section_error(self, section: str) -> str | None:
         return self.meta.get("errors", {}).get(section)
 
+    def begin_section(self, title: str, section: str, has_output: bool,
+                      goals_not_run: tuple[tuple[str, str], ...] = ()) -> bool:
+        """Writes the section's heading. If the section did not run (an error, or no
+        output), says so, records its goals as not run, and returns False."""
+        self.w(title)
+        self.w()
+        error = self.section_error(section)
+        if error or not has_output:
+            self.w(f"Not run: {error or 'no output'}")
+            self.w()
+            for name, budget in goals_not_run:
+                self.goal(name, budget, "not run", None)
+            return False
+        return True
+
     # -- sections --
 
     def engine(self) -> None:
-        self.w("## 1. Engine: ns per alloc+free pair on cache hits")
-        self.w()
         path = self.raw / "engine.json"
-        error = self.section_error("engine")
-        if error or not path.exists():
-            self.w(f"Not run: {error or 'no output'}")
-            self.w()
-            self.goal("Engine, trace mix, 1 thread, no tag", f"≤ {ENGINE_BUDGET_NS:.0f} ns", "not run", None)
-            self.goal("Engine, trace mix, 1 thread, tag + scope", f"≤ {ENGINE_TAG_BUDGET_NS:.0f} ns", "not run", None)
+        if not self.begin_section(
+                "## 1. Engine: ns per alloc+free pair on cache hits", "engine", path.exists(),
+                (("Engine, trace mix, 1 thread, no tag", f"≤ {ENGINE_BUDGET_NS:.0f} ns"),
+                 ("Engine, trace mix, 1 thread, tag + scope", f"≤ {ENGINE_TAG_BUDGET_NS:.0f} ns"))):
             return
         data = parse_benchmark_json(path)
         self.engine_data = data
@@ -663,16 +674,11 @@ class Report:
                 self.w()
 
     def cuda(self) -> None:
-        self.w("## 2. CUDA end to end on the simulated device")
-        self.w()
         path = self.raw / "cuda_e2e.json"
-        error = self.section_error("cuda")
-        if error or not path.exists():
-            self.w(f"Not run: {error or 'no output'}")
-            self.w()
-            self.goal("CUDA e2e with a tag", f"≤ {CUDA_TAG_BUDGET:.2f}× native", "not run", None)
-            self.goal("CUDA e2e inside leak_check (stack capture)",
-                      f"≤ {CUDA_LEAK_BUDGET:.1f}× native", "not run", None)
+        if not self.begin_section(
+                "## 2. CUDA end to end on the simulated device", "cuda", path.exists(),
+                (("CUDA e2e with a tag", f"≤ {CUDA_TAG_BUDGET:.2f}× native"),
+                 ("CUDA e2e inside leak_check (stack capture)", f"≤ {CUDA_LEAK_BUDGET:.1f}× native"))):
             return
         d = json.loads(path.read_text())
         self.cuda_data = d
@@ -816,14 +822,10 @@ class Report:
         self.plot_cuda(d)
 
     def cpu(self) -> None:
-        self.w("## 3. CPU tensors: `torch.empty` + `del`, default CPU allocator vs torchmem")
-        self.w()
         path = self.raw / "cpu_tensors.json"
-        error = self.section_error("cpu")
-        if error or not path.exists():
-            self.w(f"Not run: {error or 'no output'}")
-            self.w()
-            self.goal("CPU tensors ≥ 1 MiB", f"≥ {CPU_SPEEDUP_GOAL}× faster", "not run", None)
+        if not self.begin_section(
+                "## 3. CPU tensors: `torch.empty` + `del`, default CPU allocator vs torchmem", "cpu",
+                path.exists(), (("CPU tensors ≥ 1 MiB", f"≥ {CPU_SPEEDUP_GOAL}× faster"),)):
             return
         d = json.loads(path.read_text())
         self.cpu_data = d
@@ -870,16 +872,13 @@ class Report:
         self.plot_cpu(d)
 
     def fragmentation(self) -> None:
-        self.w("## 4. Fragmentation: the traces replayed, torchmem vs PyTorch's native allocator")
-        self.w()
-        error = self.section_error("fragmentation")
         engine = {r["trace"]: r for r in read_jsonl(self.raw / "replay_engine.jsonl")}
         native = {r["trace"]: r for r in read_jsonl(self.raw / "replay_native.jsonl")}
         tmcuda = {r["trace"]: r for r in read_jsonl(self.raw / "replay_torchmem_cuda.jsonl")}
-        if error or not engine or not native:
-            self.w(f"Not run: {error or 'no output'}")
-            self.w()
-            self.goal("Peak reserved ≤ native on every trace", "every trace", "not run", None)
+        if not self.begin_section(
+                "## 4. Fragmentation: the traces replayed, torchmem vs PyTorch's native allocator",
+                "fragmentation", bool(engine and native),
+                (("Peak reserved ≤ native on every trace", "every trace"),)):
             return
         traces = [t for t in engine if t in native]
         self.w(f"{len(traces)} traces (the `--traces` given). torchmem: `trace_replay` (its engine "
@@ -967,13 +966,8 @@ class Report:
         self.plot_fragmentation(traces, engine, native)
 
     def stack(self) -> None:
-        self.w("## 5. Stack capture overhead")
-        self.w()
         path = self.raw / "stack_capture.json"
-        error = self.section_error("stack")
-        if error or not path.exists():
-            self.w(f"Not run: {error or 'no output'}")
-            self.w()
+        if not self.begin_section("## 5. Stack capture overhead", "stack", path.exists()):
             return
         d = json.loads(path.read_text())
         self.w(f"`stack_capture_overhead.py`: CPU tensors through torchmem, `torch.empty(256)` + "
