@@ -149,18 +149,8 @@ def worker_interleaved(sizes: list[int], batch_seconds: float, batches: int,
             "torchmem_allocations": check, "torch": torch.__version__}
 
 
-def run_interleaved(args: argparse.Namespace) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", "interleaved",
-               "--sizes", ",".join(str(s) for s in args.sizes),
-               "--batch-seconds", str(args.batch_seconds), "--batches", str(args.batches),
-               "--clock", args.clock]
-    completed = subprocess.run(command, capture_output=True, text=True, check=False)
-    if completed.returncode != 0:
-        sys.exit(f"cpu_tensor_benchmark: the interleaved worker failed:\n{completed.stderr}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
-
-
 def run_worker(allocator: str, args: argparse.Namespace) -> dict:
+    """Runs one worker process: an allocator's own, or "interleaved" (both in one process)."""
     command = [sys.executable, os.path.abspath(__file__), "--worker", allocator,
                "--sizes", ",".join(str(s) for s in args.sizes),
                "--batch-seconds", str(args.batch_seconds), "--batches", str(args.batches),
@@ -214,7 +204,7 @@ def main() -> None:
     torchmem_allocations = None
     for round_index in range(args.rounds):
         if args.mode == "interleaved":
-            result = run_interleaved(args)
+            result = run_worker("interleaved", args)
             torchmem_allocations = result["torchmem_allocations"]
             for size in args.sizes:
                 for allocator in ALLOCATORS:

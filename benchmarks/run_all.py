@@ -1279,8 +1279,7 @@ class Report:
         body_start = len(self.lines)
         for section in SECTIONS:
             if section in m["sections_run"]:
-                getattr(self, {"cuda": "cuda", "cpu": "cpu", "engine": "engine",
-                               "fragmentation": "fragmentation", "stack": "stack"}[section])()
+                getattr(self, section)()  # each section has a method of its name
         self.analysis()
         body = self.lines[body_start:]
         self.lines = self.lines[:body_start]

@@ -50,6 +50,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -418,14 +419,19 @@ def device_environment(args: argparse.Namespace) -> dict:
     return env
 
 
-def run_trace(path: str, args: argparse.Namespace, env: dict) -> dict | None:
+def worker_command(args: argparse.Namespace, paths: list[str]) -> list[str]:
+    """The command line of a worker that replays `paths` with this run's settings."""
     command = [sys.executable, os.path.abspath(__file__), "--worker",
                "--allocator", args.allocator, "--repeat", str(args.repeat),
                "--warm-passes", str(args.warm_passes), "--clock", args.clock]
     for flag in ("raw", "no_empty_cache", "no_fragmentation"):
         if getattr(args, flag):
             command.append("--" + flag.replace("_", "-"))
-    command.append(path)
+    return command + paths
+
+
+def run_trace(path: str, args: argparse.Namespace, env: dict) -> dict | None:
+    command = worker_command(args, [path])
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         print(f"trace_replay_native: {path} failed (exit {proc.returncode}):\n"
@@ -439,15 +445,7 @@ def run_traces_one_process(paths: list[str], args: argparse.Namespace, env: dict
     trace: a few seconds each); the allocator is emptied and its statistics reset before
     each trace, so each starts from an empty cache as in a fresh process. Yields
     (path, result or None) in order."""
-    command = [sys.executable, os.path.abspath(__file__), "--worker",
-               "--allocator", args.allocator, "--repeat", str(args.repeat),
-               "--warm-passes", str(args.warm_passes), "--clock", args.clock]
-    for flag in ("raw", "no_empty_cache", "no_fragmentation"):
-        if getattr(args, flag):
-            command.append("--" + flag.replace("_", "-"))
-    command.extend(paths)
-    import tempfile
-
+    command = worker_command(args, paths)
     with tempfile.TemporaryFile(mode="w+") as errors:  # a pipe could fill up and block
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=errors,
                                 text=True)
