@@ -26,8 +26,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "torchmem/backends/cuda_backend.h"
+#include "tests/cpp/support/live_block_model.h"
 #include "tests/cpp/support/simcuda_api.h"
+#include "torchmem/backends/cuda_backend.h"
 #include "torchmem/core/engine.h"
 
 namespace torchmem {
@@ -249,18 +250,8 @@ class CudaFaultTest : public ::testing::Test {
     int current = -1;
     EXPECT_EQ(cudaGetDevice(&current), cudaSuccess);
     EXPECT_EQ(current, 0) << what << " changed the current device";
-    const absl::Status invariants = engine_->CheckInvariants();
-    ASSERT_TRUE(invariants.ok()) << what << ": " << invariants;
-    std::int64_t allocated = 0;
-    std::int64_t requested = 0;
-    for (const auto& [address, block] : live_) {
-      allocated += static_cast<std::int64_t>(block.size);
-      requested += static_cast<std::int64_t>(block.requested);
-    }
-    const MemoryStats stats = engine_->GetStats();
-    EXPECT_EQ(stats.allocated_bytes.all().current, allocated) << what;
-    EXPECT_EQ(stats.requested_bytes.all().current, requested) << what;
-    EXPECT_EQ(stats.allocation.all().current, static_cast<std::int64_t>(live_.size())) << what;
+    const absl::Status matches = testing::CheckEngineMatchesLiveBlocks(*engine_, live_);
+    ASSERT_TRUE(matches.ok()) << what << ": " << matches;
     EXPECT_EQ(sim().live_bytes(device_), baseline_bytes_ + Reserved())
         << what << ": the engine and the device disagree on reserved memory";
   }

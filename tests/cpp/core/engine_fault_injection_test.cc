@@ -28,6 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/cpp/support/live_block_model.h"
 #include "torchmem/backends/controlled_backend.h"
 #include "torchmem/backends/fault_injecting_backend.h"
 #include "torchmem/backends/host_backend.h"
@@ -432,20 +433,10 @@ class FaultHarness {
   }
 
   void CheckPool(const std::string& what) {
-    const absl::Status invariants = engine_->CheckInvariants();
-    ASSERT_TRUE(invariants.ok()) << what << ": " << invariants;
-    std::int64_t allocated = 0;
-    std::int64_t requested = 0;
-    for (const auto& [address, block] : live_) {
-      allocated += static_cast<std::int64_t>(block.size);
-      requested += static_cast<std::int64_t>(block.requested);
-    }
-    const MemoryStats stats = engine_->GetStats();
-    EXPECT_EQ(stats.allocated_bytes.all().current, allocated) << what;
-    EXPECT_EQ(stats.requested_bytes.all().current, requested) << what;
-    EXPECT_EQ(stats.allocation.all().current, static_cast<std::int64_t>(live_.size())) << what;
-    EXPECT_GE(stats.active_bytes.all().current, allocated) << what;
-    EXPECT_EQ(static_cast<std::size_t>(stats.reserved_bytes.all().current), BackendBytes())
+    const absl::Status matches = testing::CheckEngineMatchesLiveBlocks(*engine_, live_);
+    ASSERT_TRUE(matches.ok()) << what << ": " << matches;
+    EXPECT_EQ(static_cast<std::size_t>(engine_->GetStats().reserved_bytes.all().current),
+              BackendBytes())
         << what << ": the engine and the backend disagree on reserved memory";
   }
 
