@@ -89,7 +89,8 @@ absl::StatusOr<std::uintptr_t> ControlledBackend::AllocateSegment(std::size_t si
       return absl::ResourceExhaustedError(absl::StrFormat(
           "%s: no fake address range of %d bytes is left", options_.device_name, size));
     }
-    const std::uintptr_t stride = (size + kAddressGap - 1) / kAddressGap * kAddressGap + kAddressGap;
+    const std::uintptr_t stride =
+        (size + kAddressGap - 1) / kAddressGap * kAddressGap + kAddressGap;
     address = options_.top_down_addresses ? kAddressLimit - used_address_space_ - stride
                                           : kAddressBase + used_address_space_;
     used_address_space_ += stride;

@@ -97,8 +97,7 @@ const Block* FreeLists::FindMisplaced() const {
       for (std::uint64_t bits = bits_[word]; bits != 0; bits &= bits - 1) {
         const std::size_t cls = word * 64 + std::countr_zero(bits);
         const Block* prev = nullptr;
-        for (const Block* block = HeadOrNull(cls); block != nullptr;
-             block = block->cache_next) {
+        for (const Block* block = HeadOrNull(cls); block != nullptr; block = block->cache_next) {
           if (ClassOf(block->size) != cls || block->cache_prev != prev ||
               (prev != nullptr && !PlacedBefore(prev, block))) {
             return block;

@@ -63,9 +63,9 @@ bool IsDriverCallName(const std::string& name);
 void ReportUnsupported(CallSite* site);
 
 // Appends "<label> <name> <count>[ unsupported]" lines for every site that
-// was called in the process's life to `path` ("%p" in the path becomes the process id); <label> is
-// the SIMCUDA_LIBRARY_LABEL the library was compiled with ("runtime" or
-// "driver"). Returns false on I/O error. If SIMCUDA_TRACE is set, this runs
+// was called in the process's life to `path` ("%p" in the path becomes the
+// process id); <label> is the SIMCUDA_LIBRARY_LABEL the library was compiled
+// with ("runtime" or "driver"). Returns false on I/O error. If SIMCUDA_TRACE is set, this runs
 // by itself when the library is unloaded at process exit.
 bool WriteTrace(const char* path);
 
