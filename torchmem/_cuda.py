@@ -1,22 +1,72 @@
-"""Handing PyTorch's CUDA allocations to torchmem through ``CUDAPluggableAllocator``.
+"""torchmem as PyTorch's CUDA allocator.
 
-torchmem's extension module exports the two entry points PyTorch calls for every
-CUDA allocation and free, plus the optional hooks (empty_cache, memory fraction,
-record_stream, base allocation); ``change_current_allocator`` installs them. Nothing
-in PyTorch is patched.
+The CUDA half of torchmem lives in its own extension module, ``torchmem._C_cuda``,
+built only for a CUDA build of torch and imported here on first use, so that
+``import torchmem`` works with a CPU-only torch. Both modules share one engine per
+device through ``torchmem/lib/libtorchmem.so``.
+
+Two ways in:
+
+* the reduced route, ``CUDAPluggableAllocator`` over the C entry points that
+  ``torchmem._C_cuda`` exports (malloc/free and a few hooks; PyTorch's memory APIs,
+  snapshots, CUDA graph pools and IPC do not work through it);
+* (see ``install_allocator``) the complete allocator.
 """
 
 from __future__ import annotations
 
-import torch
+import importlib
+from types import ModuleType
 
-from torchmem import _C
+import torch
 
 _INSTALL_FIRST = (
     "call torchmem.install() at the very top of your program, before anything creates a CUDA "
     "tensor or calls torch.cuda (some libraries do at import time), or run the program under "
     "`python -m torchmem run your_script.py`, which installs before your code starts"
 )
+
+_module: ModuleType | None = None
+
+
+def supported() -> bool:
+    """Whether this torch and this build of torchmem can serve CUDA (no device needed)."""
+    if torch.version.cuda is None:
+        return False
+    try:
+        load()
+    except ImportError:
+        return False
+    return True
+
+
+def load() -> ModuleType:
+    """Imports ``torchmem._C_cuda`` (which registers the CUDA engines with ``torchmem._C``)."""
+    global _module
+    if _module is None:
+        if torch.version.cuda is None:
+            raise ImportError(
+                f"torchmem's CUDA support needs a CUDA build of PyTorch; this one ({torch.__version__}) "
+                "is CPU-only (torchmem.install('cpu') works without it)"
+            )
+        _module = importlib.import_module("torchmem._C_cuda")
+    return _module
+
+
+def pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
+    """The reduced route: a ``CUDAPluggableAllocator`` over torchmem's exported entry points."""
+    module = load()
+    entry_points = module.pluggable_entry_points()
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        module.__file__, entry_points["malloc"][0], entry_points["free"][0]
+    )
+    hooks = allocator._allocator
+    hooks.set_init_fn(entry_points["init"][1])
+    hooks.set_reset_fn(entry_points["reset"][1])
+    hooks.set_memory_fraction_fn(entry_points["memory_fraction"][1])
+    hooks.set_record_stream_fn(entry_points["record_stream"][1])
+    hooks.set_base_alloc_fn(entry_points["base_allocation"][1])
+    return allocator
 
 
 def install_pluggable_allocator() -> None:
@@ -26,16 +76,7 @@ def install_pluggable_allocator() -> None:
             "torchmem.install('cuda'): CUDA is already initialized in this process, and PyTorch "
             f"can swap its CUDA allocator only before that. Fix: {_INSTALL_FIRST}."
         )
-    entry_points = _C.cuda_entry_points()
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        _C.__file__, entry_points["malloc"][0], entry_points["free"][0]
-    )
-    hooks = allocator._allocator
-    hooks.set_init_fn(entry_points["init"][1])
-    hooks.set_reset_fn(entry_points["reset"][1])
-    hooks.set_memory_fraction_fn(entry_points["memory_fraction"][1])
-    hooks.set_record_stream_fn(entry_points["record_stream"][1])
-    hooks.set_base_alloc_fn(entry_points["base_allocation"][1])
+    allocator = pluggable_allocator()
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as error:

@@ -102,13 +102,14 @@ def _install_cuda() -> None:
     global _cuda_installed
     if _cuda_installed:
         return
-    if not hasattr(_C, "cuda_entry_points"):
-        raise RuntimeError("torchmem was built without CUDA support; install('cpu') works without it")
     if torch.version.cuda is None:
         raise RuntimeError(
             f"torchmem.install('cuda') needs a CUDA build of PyTorch; this one ({torch.__version__}) is CPU-only"
         )
     from torchmem import _cuda
+
+    if not _cuda.supported():
+        raise RuntimeError("torchmem was built without CUDA support; install('cpu') works without it")
 
     _cuda.install_pluggable_allocator()
     _cuda_installed = True

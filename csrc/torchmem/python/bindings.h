@@ -30,9 +30,7 @@ void RegisterEngine(py::module_& m);
 void RegisterAttribution(py::module_& m);
 void RegisterInstall(py::module_& m);
 void RegisterCapture(py::module_& m);
-#ifdef TORCHMEM_WITH_CUDA
-void RegisterCuda(py::module_& m);
-#endif
+void RegisterDevices(py::module_& m);
 
 // Raises the Python exception for an error status: ValueError for bad
 // arguments and unknown pointers, torch.OutOfMemoryError when out of
