@@ -3,8 +3,9 @@
 // torch.cuda._memory_viz can draw torchmem's timeline.
 //
 // Off by default (the engine holds no ring); when on, recording an event is
-// a few stores into a preallocated ring under the engine's lock. When full,
-// the oldest entries are overwritten, as in PyTorch.
+// a few stores into the ring under the engine's lock. The ring grows as
+// entries arrive up to its capacity (PyTorch's default capacity is
+// "unbounded", sys.maxsize), then overwrites the oldest, as PyTorch's does.
 #ifndef TORCHMEM_CORE_TRACE_H_
 #define TORCHMEM_CORE_TRACE_H_
 
@@ -22,10 +23,15 @@ enum class TraceAction : std::uint8_t {
   kFreeCompleted,  // it became reusable
   kSegmentAlloc,   // a segment was obtained from the backend
   kSegmentFree,    // a segment was returned to the backend
-  kOom,            // an allocation failed; address = bytes free in the cache then
+  kOom,            // an allocation failed; address = bytes free on the device then
+  kSnapshot,       // a snapshot was taken; size = active bytes then
 };
+inline constexpr int kNumTraceActions = 7;
 
 const char* TraceActionName(TraceAction action);
+// The action of a PyTorch action name ("alloc", "segment_free", ...); false
+// for names torchmem does not record.
+bool ParseTraceAction(const char* name, TraceAction* out);
 
 struct TraceEntry {
   TraceAction action = TraceAction::kAlloc;
@@ -33,6 +39,7 @@ struct TraceEntry {
   std::size_t size = 0;
   StreamId stream = 0;
   ContextId context = kNoContext;
+  PoolId pool;               // the private pool involved; default pool: {0, 0}
   std::int64_t time_us = 0;  // wall clock, microseconds since the epoch
 };
 
@@ -40,17 +47,20 @@ class TraceRing {
  public:
   explicit TraceRing(std::size_t capacity);
 
-  void Record(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
-              ContextId context);
+  void Record(const TraceEntry& entry);
   // Oldest first.
   std::vector<TraceEntry> Entries() const;
-  std::size_t capacity() const { return entries_.size(); }
+  std::size_t capacity() const { return capacity_; }
   std::uint64_t recorded() const { return recorded_; }
 
  private:
-  std::vector<TraceEntry> entries_;
+  std::size_t capacity_;
+  std::vector<TraceEntry> entries_;  // grows to capacity_, then wraps
   std::uint64_t recorded_ = 0;  // total ever recorded; next slot = recorded_ % capacity
 };
+
+// Wall-clock microseconds, as TraceEntry::time_us.
+std::int64_t TraceNowMicros();
 
 }  // namespace torchmem
 

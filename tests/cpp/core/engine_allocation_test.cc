@@ -240,7 +240,8 @@ TEST_F(EngineTest, FlattenedStatsUsePyTorchKeys) {
   EXPECT_EQ(value("segment.large_pool.current"), 0);
   EXPECT_EQ(value("num_device_alloc"), 1);
   EXPECT_EQ(value("max_split_size"), -1);
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 6);
+  EXPECT_EQ(value("num_oom_rejections"), 0);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 7);
   Free(ptr);
 }
 
