@@ -185,7 +185,7 @@ def _cuda_available() -> bool:
     """A CUDA device is there and torchmem can serve it, checked without initializing CUDA."""
     import torch
 
-    from torchmem import _cuda
+    from torchmem.runtime import cuda as _cuda
 
     if not _cuda.supported():
         return False

@@ -44,7 +44,7 @@ def engine(device: DeviceLike):
     device = normalize(device)
     if device.type == "cpu":
         return _C.cpu_engine()
-    from torchmem import _cuda
+    from torchmem.runtime import cuda as _cuda
 
     if not _cuda.supported():
         raise RuntimeError("torchmem was built without CUDA support (or torch is CPU-only)")
