@@ -18,8 +18,13 @@ set(_torch_lib ${TORCH_PACKAGE_DIR}/lib)
 Python3_add_library(_C_cuda MODULE WITH_SOABI
   csrc/torchmem/backends/cuda_backend.cc
   csrc/torchmem/python/cuda/module.cc
+  csrc/torchmem/torch/cuda/alloc_config.cc
+  csrc/torchmem/torch/cuda/cuda_allocator.cc
+  csrc/torchmem/torch/cuda/cuda_allocator_reports.cc
   csrc/torchmem/torch/cuda/cuda_engines.cc
+  csrc/torchmem/torch/cuda/ipc.cc
   csrc/torchmem/torch/cuda/pluggable_entry_points.cc
+  csrc/torchmem/torch/cuda/traceback_contexts.cc
 )
 target_include_directories(_C_cuda SYSTEM PRIVATE
   ${TORCH_PACKAGE_DIR}/include

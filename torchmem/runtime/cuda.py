@@ -7,10 +7,14 @@ device through ``torchmem/lib/libtorchmem.so``.
 
 Two ways in:
 
+* the complete allocator: ``cuda_allocator()`` is a PyTorch ``CUDAAllocator`` subclass
+  that answers everything PyTorch asks its allocator (statistics, snapshots, history,
+  CUDA graph pools, cuDNN's cacheInfo, IPC, ...). ``torchmem.install()`` and
+  ``torch.cuda.memory.change_current_allocator(torchmem.cuda_allocator())`` install it;
 * the reduced route, ``CUDAPluggableAllocator`` over the C entry points that
-  ``torchmem._C_cuda`` exports (malloc/free and a few hooks; PyTorch's memory APIs,
-  snapshots, CUDA graph pools and IPC do not work through it);
-* (see ``install_allocator``) the complete allocator.
+  ``torchmem._C_cuda`` exports (``pluggable_allocator()``): malloc/free and a few hooks
+  only, so PyTorch's memory APIs, snapshots, CUDA graph pools and IPC raise or misbehave
+  under it. It exists for code that builds its own ``CUDAPluggableAllocator``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,48 @@ def load() -> ModuleType:
     return _module
 
 
+def cuda_allocator() -> torch.cuda.memory._CUDAAllocator:
+    """torchmem's complete CUDA allocator, in the form ``change_current_allocator`` takes.
+
+    Every call returns the same allocator (PyTorch allows one swap per process, before
+    CUDA is initialized). Creating it also turns on the garbage-collecting retry on
+    out-of-memory, as ``torchmem.install()`` does.
+    """
+    module = load()
+    from torchmem import _C
+
+    _C.set_gc_retry(True)
+    return torch.cuda.memory._CUDAAllocator(module.allocator())
+
+
+def installed() -> bool:
+    """Whether PyTorch's current CUDA allocator is torchmem's (either route)."""
+    if _allocator is not None:
+        return True
+    return torch.version.cuda is not None and _module is not None and _module.installed()
+
+
+def install_allocator() -> None:
+    """Makes torchmem's complete allocator PyTorch's CUDA allocator (once, before CUDA init)."""
+    _check_not_initialized()
+    try:
+        torch.cuda.memory.change_current_allocator(cuda_allocator())
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"torchmem.install('cuda'): PyTorch refused to swap its CUDA allocator ({error}). "
+            "Another allocator was installed or used first in this process. "
+            f"Fix: {_INSTALL_FIRST}."
+        ) from error
+
+
+def _check_not_initialized() -> None:
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "torchmem.install('cuda'): CUDA is already initialized in this process, and PyTorch "
+            f"can swap its CUDA allocator only before that. Fix: {_INSTALL_FIRST}."
+        )
+
+
 def pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
     """The reduced route: a ``CUDAPluggableAllocator`` over torchmem's exported entry points."""
     module = load()
@@ -70,12 +116,8 @@ def pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
 
 
 def install_pluggable_allocator() -> None:
-    """Makes torchmem PyTorch's CUDA allocator for this process (once, before CUDA init)."""
-    if torch.cuda.is_initialized():
-        raise RuntimeError(
-            "torchmem.install('cuda'): CUDA is already initialized in this process, and PyTorch "
-            f"can swap its CUDA allocator only before that. Fix: {_INSTALL_FIRST}."
-        )
+    """The reduced route: torchmem through ``CUDAPluggableAllocator`` (once, before CUDA init)."""
+    _check_not_initialized()
     allocator = pluggable_allocator()
     try:
         torch.cuda.memory.change_current_allocator(allocator)

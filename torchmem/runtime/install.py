@@ -85,7 +85,7 @@ def uninstall(device: DeviceLike = "cpu") -> None:
 
 def is_installed(device: DeviceLike = "cuda") -> bool:
     kind = _device_type(device)
-    return _C.cpu_installed() if kind == "cpu" else _cuda_installed
+    return _C.cpu_installed() if kind == "cpu" else _cuda_in_use()
 
 
 def installed_devices() -> list[str]:
@@ -93,14 +93,24 @@ def installed_devices() -> list[str]:
     devices = []
     if _C.cpu_installed():
         devices.append("cpu")
-    if _cuda_installed:
+    if _cuda_in_use():
         devices.append("cuda")
     return devices
 
 
+def _cuda_in_use() -> bool:
+    """torchmem serves CUDA: installed here, or by change_current_allocator(cuda_allocator())."""
+    if _cuda_installed:
+        return True
+    from torchmem.runtime import cuda as _cuda
+
+    return _cuda.installed()
+
+
 def _install_cuda() -> None:
     global _cuda_installed
-    if _cuda_installed:
+    if _cuda_in_use():
+        _cuda_installed = True
         return
     if torch.version.cuda is None:
         raise RuntimeError(
@@ -111,5 +121,5 @@ def _install_cuda() -> None:
     if not _cuda.supported():
         raise RuntimeError("torchmem was built without CUDA support; install('cpu') works without it")
 
-    _cuda.install_pluggable_allocator()
+    _cuda.install_allocator()
     _cuda_installed = True

@@ -397,6 +397,15 @@ absl::Status Engine::FreeSized(void* ptr, std::size_t requested_size) {
   return FreeLocked(ptr, &requested_size, context);
 }
 
+absl::StatusOr<bool> Engine::FreeIfOwned(void* ptr) {
+  const ContextId context = FreeContext(trace_free_context_);
+  MutexLock lock(&mutex_);
+  if (!blocks_.contains(reinterpret_cast<std::uintptr_t>(ptr))) return false;
+  absl::Status freed = FreeLocked(ptr, nullptr, context);
+  if (!freed.ok()) return freed;
+  return true;
+}
+
 absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size,
                                 ContextId free_context) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);

@@ -154,6 +154,9 @@ class Engine {
   // As Free, and checks that `requested_size` is the size the block was
   // allocated with (InvalidArgument otherwise).
   absl::Status FreeSized(void* ptr, std::size_t requested_size);
+  // As Free, for callers that try several engines: false (and no error
+  // message built) if no block of this engine starts at `ptr`.
+  absl::StatusOr<bool> FreeIfOwned(void* ptr);
 
   // Marks an allocated block as used by `stream` (PyTorch's record_stream):
   // after it is freed, it is reused only once work queued on `stream` up to

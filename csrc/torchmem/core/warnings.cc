@@ -8,7 +8,7 @@ namespace {
 
 std::atomic<WarningHandler> g_handler{nullptr};
 
-void WriteToStderr(std::string_view message) {
+void WriteToStderr(absl::string_view message) {
   std::fprintf(stderr, "torchmem warning: %.*s\n", static_cast<int>(message.size()),
                message.data());
 }
@@ -19,7 +19,7 @@ void SetWarningHandler(WarningHandler handler) {
   g_handler.store(handler, std::memory_order_release);
 }
 
-void Warn(std::string_view message) {
+void Warn(absl::string_view message) {
   WarningHandler handler = g_handler.load(std::memory_order_acquire);
   (handler != nullptr ? handler : &WriteToStderr)(message);
 }

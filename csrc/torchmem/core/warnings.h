@@ -8,15 +8,15 @@
 #ifndef TORCHMEM_CORE_WARNINGS_H_
 #define TORCHMEM_CORE_WARNINGS_H_
 
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 namespace torchmem {
 
-using WarningHandler = void (*)(std::string_view message);
+using WarningHandler = void (*)(absl::string_view message);
 
 // nullptr restores the default (stderr).
 void SetWarningHandler(WarningHandler handler);
-void Warn(std::string_view message);
+void Warn(absl::string_view message);
 
 }  // namespace torchmem
 

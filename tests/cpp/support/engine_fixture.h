@@ -44,7 +44,7 @@ class EngineTest : public ::testing::Test {
   // Starts collecting the engine's warnings (see Warnings()) for this test.
   static void CaptureWarnings() {
     Warnings().clear();
-    SetWarningHandler([](std::string_view message) { Warnings().emplace_back(message); });
+    SetWarningHandler([](absl::string_view message) { Warnings().emplace_back(message); });
   }
   static std::vector<std::string>& Warnings() {
     static std::vector<std::string>* warnings = new std::vector<std::string>;

@@ -12,8 +12,11 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "torchmem/core/shared_library.h"
+#include "torchmem/torch/cuda/alloc_config.h"
+#include "torchmem/torch/cuda/cuda_allocator.h"
 #include "torchmem/torch/cuda/cuda_engines.h"
 #include "torchmem/torch/cuda/pluggable_entry_points.h"
+#include "torchmem/torch/cuda/traceback_contexts.h"
 
 namespace py = pybind11;
 
@@ -27,6 +30,17 @@ PYBIND11_MODULE(_C_cuda, m) {
         "--inplace, or reinstall the package)");
   }
   torchmem::torch_glue::RegisterCudaEngineProvider();
+  torchmem::torch_glue::RegisterTracebackUnwinder();
+
+  m.def(
+      "allocator", []() { return torchmem::torch_glue::TorchmemCudaAllocator(); },
+      "torchmem's complete CUDA allocator as a torch._C._cuda_CUDAAllocator (wrap it in "
+      "torch.cuda.memory._CUDAAllocator for change_current_allocator)");
+  m.def("installed", &torchmem::torch_glue::TorchmemCudaAllocatorInstalled,
+        "Whether PyTorch's current CUDA allocator is torchmem's complete one");
+  m.def("unimplemented_settings", &torchmem::torch_glue::UnimplementedSettings,
+        "The PYTORCH_CUDA_ALLOC_CONF settings in effect that torchmem does not implement, "
+        "one explanation each");
 
   m.def(
       "pluggable_entry_points",

@@ -16,6 +16,7 @@ namespace {
 
 std::array<std::atomic<Engine*>, kMaxCudaDevices> g_engines{};
 std::mutex g_engines_mutex;
+std::atomic<CudaEngineInitializer> g_initializer{nullptr};
 
 class CudaEngineProvider final : public DeviceEngineProvider {
  public:
@@ -37,6 +38,9 @@ absl::StatusOr<Engine*> FindCudaEngine(int device) {
   engine = g_engines[device].load(std::memory_order_relaxed);
   if (engine == nullptr) {
     engine = new Engine(std::make_unique<CudaBackend>(device));
+    if (CudaEngineInitializer initialize = g_initializer.load(std::memory_order_acquire)) {
+      initialize(device, *engine);
+    }
     g_engines[device].store(engine, std::memory_order_release);
   }
   return engine;
@@ -68,6 +72,10 @@ Engine* CudaEngineOwning(const void* ptr) {
     if (engine->SegmentContaining(ptr).ok()) return engine;
   }
   return nullptr;
+}
+
+void SetCudaEngineInitializer(CudaEngineInitializer initializer) {
+  g_initializer.store(initializer, std::memory_order_release);
 }
 
 void RegisterCudaEngineProvider() {

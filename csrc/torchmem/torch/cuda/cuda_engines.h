@@ -34,6 +34,11 @@ Engine* CudaEngineOwning(const void* ptr);
 // Registers the engines as the "cuda" device-engine provider. Idempotent.
 void RegisterCudaEngineProvider();
 
+// Called once for each engine right after it is created, before any other
+// thread can see it (the allocator applies the current settings with it).
+using CudaEngineInitializer = void (*)(int device, Engine& engine);
+void SetCudaEngineInitializer(CudaEngineInitializer initializer);
+
 }  // namespace torchmem::torch_glue
 
 #endif  // TORCHMEM_TORCH_CUDA_CUDA_ENGINES_H_

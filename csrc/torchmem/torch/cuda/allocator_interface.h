@@ -1,0 +1,81 @@
+// The torch-version-dependent edge of torchmem's CUDA allocator, in one place.
+//
+// c10::cuda::CUDACachingAllocator::CUDAAllocator changes between torch minor
+// versions: methods gain parameters (emptyCache(MempoolId_t),
+// snapshot(..., include_traces), recordHistory(..., clearHistory,
+// skip_actions), setUseOnOOM(..., use_on_oom)), appear
+// (attachOomRejectionObserver, markCaptureBegin/End) or change argument
+// types (createOrIncrefPool's allocator). CudaAllocatorAdapter overrides
+// exactly those, in the spelling of the torch it is compiled against, and
+// forwards to torch-version-neutral hooks that TorchmemCudaAllocator
+// implements. To support another torch version, change this file only:
+// add the version's spellings under TORCHMEM_TORCH_VERSION guards.
+//
+// Every other CUDAAllocator method keeps one signature across the supported
+// versions and is overridden directly in cuda_allocator.h (the compiler
+// checks each override).
+#ifndef TORCHMEM_TORCH_CUDA_ALLOCATOR_INTERFACE_H_
+#define TORCHMEM_TORCH_CUDA_ALLOCATOR_INTERFACE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/version.h>
+
+// The torch version torchmem is compiled against, as 100 * major + minor.
+#define TORCHMEM_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
+
+#if TORCHMEM_TORCH_VERSION != 214
+#error "torchmem's CUDA allocator spells torch 2.14's CUDAAllocator interface; add this " \
+       "torch version's signatures to csrc/torchmem/torch/cuda/allocator_interface.h"
+#endif
+
+namespace torchmem::torch_glue {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+class CudaAllocatorAdapter : public cca::CUDAAllocator {
+ public:
+  // --- version-neutral hooks ------------------------------------------------
+  virtual void EmptyCacheOf(c10::MempoolId_t pool) = 0;
+  virtual cca::SnapshotInfo TakeSnapshot(c10::MempoolId_t pool, bool include_traces) = 0;
+  virtual void RecordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
+                             cca::RecordContext when, bool clear,
+                             const std::vector<std::string>& skip_actions) = 0;
+  virtual void CreateOrIncrefPoolOf(c10::DeviceIndex device, c10::MempoolId_t pool,
+                                    bool has_own_allocator) = 0;
+  virtual void SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) = 0;
+  virtual void MarkCapture(c10::DeviceIndex device, bool begins) = 0;
+  virtual void AttachOomRejectionObserver(cca::OomRejectionObserver observer) = 0;
+
+  // --- torch 2.14's spellings -----------------------------------------------
+  void emptyCache(c10::MempoolId_t mempool_id) final { EmptyCacheOf(mempool_id); }
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) final {
+    return TakeSnapshot(mempool_id, include_traces);
+  }
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
+                     const std::vector<std::string>& skip_actions) final {
+    RecordHistory(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory,
+                  skip_actions);
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) final {
+    CreateOrIncrefPoolOf(device, mempool_id, allocator != nullptr);
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                   bool use_on_oom) final {
+    SetUseOnOom(device, mempool_id, use_on_oom);
+  }
+  void markCaptureBegin(c10::DeviceIndex device) final { MarkCapture(device, true); }
+  void markCaptureEnd(c10::DeviceIndex device) final { MarkCapture(device, false); }
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) final {
+    AttachOomRejectionObserver(std::move(observer));
+  }
+};
+
+}  // namespace torchmem::torch_glue
+
+#endif  // TORCHMEM_TORCH_CUDA_ALLOCATOR_INTERFACE_H_
