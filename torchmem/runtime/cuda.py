@@ -20,6 +20,8 @@ Two ways in:
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from types import ModuleType
 
 import torch
@@ -65,10 +67,32 @@ def cuda_allocator() -> torch.cuda.memory._CUDAAllocator:
     out-of-memory, as ``torchmem.install()`` does.
     """
     module = load()
+    _refuse_other_backend()
     from torchmem import _C
 
     _C.set_gc_retry(True)
     return torch.cuda.memory._CUDAAllocator(module.allocator())
+
+
+def _refuse_other_backend() -> None:
+    """``backend:cudaMallocAsync`` and torchmem both want to be the CUDA allocator.
+
+    PyTorch checks at CUDA initialization that the backend its settings name is the one
+    installed, and would stop with an internal assertion; say why and what to do instead.
+    """
+    # PyTorch reads PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF.
+    name = "PYTORCH_CUDA_ALLOC_CONF"
+    if name not in os.environ:
+        name = "PYTORCH_ALLOC_CONF"
+    for option in re.split(r"[\s,]+", os.environ.get(name, "")):
+        key, _, value = option.partition(":")
+        if key == "backend" and value and value != "native":
+            raise RuntimeError(
+                f"torchmem: {name} has backend:{value}, which asks for PyTorch's {value} CUDA "
+                "allocator; torchmem replaces PyTorch's CUDA allocator, so both cannot be used. "
+                f"Remove backend:{value} from {name} to use torchmem, or do not install torchmem "
+                "for CUDA (torchmem.install('cpu') still works)."
+            )
 
 
 def installed() -> bool:
@@ -81,8 +105,9 @@ def installed() -> bool:
 def install_allocator() -> None:
     """Makes torchmem's complete allocator PyTorch's CUDA allocator (once, before CUDA init)."""
     _check_not_initialized()
+    allocator = cuda_allocator()
     try:
-        torch.cuda.memory.change_current_allocator(cuda_allocator())
+        torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as error:
         raise RuntimeError(
             f"torchmem.install('cuda'): PyTorch refused to swap its CUDA allocator ({error}). "

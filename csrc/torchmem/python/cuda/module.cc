@@ -7,7 +7,10 @@
 // the engines and all process-wide state with torchmem._C through
 // libtorchmem.so. Imported lazily by the torchmem package, and only with a
 // CUDA build of torch.
+#include <cstddef>
 #include <cstdint>
+
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -38,6 +41,19 @@ PYBIND11_MODULE(_C_cuda, m) {
       "torch.cuda.memory._CUDAAllocator for change_current_allocator)");
   m.def("installed", &torchmem::torch_glue::TorchmemCudaAllocatorInstalled,
         "Whether PyTorch's current CUDA allocator is torchmem's complete one");
+  m.def(
+      "cache_info",
+      [](c10::DeviceIndex device, std::size_t initial_guess) {
+        std::size_t largest = initial_guess;
+        {
+          py::gil_scoped_release release;
+          c10::cuda::CUDACachingAllocator::cacheInfo(device, &largest);
+        }
+        return largest;
+      },
+      py::arg("device"), py::arg("initial_guess") = 0,
+      "c10::cuda::CUDACachingAllocator::cacheInfo through PyTorch's current CUDA allocator: "
+      "what cuDNN's benchmark mode asks to size its workspace (for tests and diagnostics)");
   m.def("unimplemented_settings", &torchmem::torch_glue::UnimplementedSettings,
         "The PYTORCH_CUDA_ALLOC_CONF settings in effect that torchmem does not implement, "
         "one explanation each");
