@@ -341,6 +341,7 @@ void Engine::AbsorbNeighbour(Block* block, Block* neighbour) {
 void Engine::MarkAllocated(Block* block, std::size_t requested, const Attribution& attribution,
                            ContextId context) {
   RemoveInactiveSplit(block);
+  ApplyInactiveSplitChange(block->pool());  // with the split that made `block`, if any
   block->state = BlockState::kAllocated;
   block->requested_size = requested;
   block->tag = attribution.tag;
@@ -474,6 +475,7 @@ void Engine::MakeReusable(Block* block) {
   block->capture_stream_uses.clear();
   AddInactiveSplit(block);
   InsertMerged(block);
+  ApplyInactiveSplitChange(pool);
 }
 
 absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
@@ -708,14 +710,25 @@ void Engine::UnlinkFromScope(Block* block) {
 
 void Engine::AddInactiveSplit(const Block* block) {
   if (block->state != BlockState::kFree || !block->IsSplit()) return;
-  stats_.inactive_split.Increase(block->pool(), 1);
-  stats_.inactive_split_bytes.Increase(block->pool(), static_cast<std::int64_t>(block->size));
+  InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
+  change.blocks += 1;
+  change.bytes += static_cast<std::int64_t>(block->size);
 }
 
 void Engine::RemoveInactiveSplit(const Block* block) {
   if (block->state != BlockState::kFree || !block->IsSplit()) return;
-  stats_.inactive_split.Decrease(block->pool(), 1);
-  stats_.inactive_split_bytes.Decrease(block->pool(), static_cast<std::int64_t>(block->size));
+  InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
+  change.blocks -= 1;
+  change.bytes -= static_cast<std::int64_t>(block->size);
+}
+
+void Engine::ApplyInactiveSplitChange(PoolKind pool) {
+  InactiveSplitChange& change = inactive_split_change_[static_cast<int>(pool)];
+  if (change.blocks > 0) stats_.inactive_split.Increase(pool, change.blocks);
+  if (change.blocks < 0) stats_.inactive_split.Decrease(pool, -change.blocks);
+  if (change.bytes > 0) stats_.inactive_split_bytes.Increase(pool, change.bytes);
+  if (change.bytes < 0) stats_.inactive_split_bytes.Decrease(pool, -change.bytes);
+  change = {};
 }
 
 BlockInfo Engine::DescribeBlock(const Block& block) {

@@ -43,6 +43,7 @@
 #ifndef TORCHMEM_CORE_ENGINE_H_
 #define TORCHMEM_CORE_ENGINE_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -389,9 +390,15 @@ class Engine {
   ScopeBlocks* ScopeListFor(ScopeId scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static void LinkToScope(Block* block, ScopeBlocks* list);
   static void UnlinkFromScope(Block* block);
-  // Bytes a block contributes to inactive_split_bytes: free in a split segment.
+  // Bytes a block contributes to inactive_split_bytes: free in a split
+  // segment. Changes are collected during one allocation or one free and
+  // applied as a net change by ApplyInactiveSplitChange, as PyTorch does
+  // (free_block, alloc_found_block), so that inactive_split's allocated,
+  // freed and peak counters are PyTorch's, not only its current value.
   void AddInactiveSplit(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RemoveInactiveSplit(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // One operation changes one pool's blocks: `pool`.
+  void ApplyInactiveSplitChange(PoolKind pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static BlockInfo DescribeBlock(const Block& block);
   SegmentInfo DescribeSegment(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::int64_t LargestFreeExtentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -407,6 +414,14 @@ class Engine {
   // collection ages (counted only while a threshold is set).
   std::uint64_t gc_clock_ ABSL_GUARDED_BY(mutex_) = 0;
   MemoryStats stats_ ABSL_GUARDED_BY(mutex_);
+  // Per pool: the inactive-split (blocks, bytes) change of the operation
+  // under way, not yet in stats_ (see AddInactiveSplit). Zero between
+  // operations.
+  struct InactiveSplitChange {
+    std::int64_t blocks = 0;
+    std::int64_t bytes = 0;
+  };
+  std::array<InactiveSplitChange, kNumPools> inactive_split_change_ ABSL_GUARDED_BY(mutex_);
   std::uint64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
   std::uint64_t next_segment_registration_ ABSL_GUARDED_BY(mutex_) = 1;
   std::unique_ptr<TraceRing> trace_ ABSL_GUARDED_BY(mutex_);

@@ -69,6 +69,11 @@ const char* IndexName(FreeIndex index) {
 
 absl::Status Engine::CheckInvariants() const {
   MutexLock lock(&mutex_);
+  for (const InactiveSplitChange& change : inactive_split_change_) {
+    if (change.blocks != 0 || change.bytes != 0) {
+      return Violation("an inactive-split change was left unapplied after an operation");
+    }
+  }
   Recount recount;
   absl::flat_hash_set<const PrivatePool*> live_pools;
   for (const auto& [id, pool] : private_pools_) {

@@ -5,7 +5,8 @@
 // snapshot(..., include_traces), recordHistory(..., clearHistory,
 // skip_actions), setUseOnOOM(..., use_on_oom)), appear
 // (attachOomRejectionObserver, markCaptureBegin/End) or change argument
-// types (createOrIncrefPool's allocator). CudaAllocatorAdapter overrides
+// types (createOrIncrefPool's allocator); the IPC handle's version byte
+// changes too (kShareableHandleVersion). CudaAllocatorAdapter overrides
 // exactly those, in the spelling of the torch it is compiled against, and
 // forwards to torch-version-neutral hooks that TorchmemCudaAllocator
 // implements. To support another torch version, change this file only:
@@ -35,6 +36,11 @@
 namespace torchmem::torch_glue {
 
 namespace cca = c10::cuda::CUDACachingAllocator;
+
+// The first byte of PyTorch's shareable CUDA IPC handle: 2 until torch 2.12,
+// 3 from 2.13 (the payload of cudaMalloc handles, type 'c', did not change).
+// A consumer refuses handles of a newer version than its own.
+inline constexpr char kShareableHandleVersion = TORCHMEM_TORCH_VERSION >= 213 ? 3 : 2;
 
 class CudaAllocatorAdapter : public cca::CUDAAllocator {
  public:

@@ -30,9 +30,9 @@
 namespace torchmem::torch_glue {
 namespace {
 
-// PyTorch 2.14's shareable handle: version 2; 'c' for cudaMalloc'd memory
-// ('e', expandable segments, is something torchmem never produces).
-constexpr char kShareableHandleVersion = 2;
+// PyTorch's shareable handle: [kShareableHandleVersion (allocator_interface.h)]
+// ['c' for cudaMalloc'd memory] ('e', expandable segments, is something
+// torchmem never produces).
 constexpr char kShareableCudaMalloc = 'c';
 
 struct OpenedHandle {
@@ -94,7 +94,10 @@ std::shared_ptr<void> TorchmemCudaAllocatorImpl::getIpcDevPtr(std::string handle
   std::shared_ptr<void> users(ptr, [handle, device](void* opened) {
     {
       std::lock_guard<std::mutex> erase_lock(g_ipc_mutex);
-      g_opened->erase(handle);
+      // Unless the handle was opened again meanwhile (the entry is a newer
+      // mapping's, still in use).
+      auto it = g_opened->find(handle);
+      if (it != g_opened->end() && it->second.users.expired()) g_opened->erase(it);
     }
     c10::cuda::CUDAGuard guard(device);
     C10_CUDA_CHECK_WARN(cudaIpcCloseMemHandle(opened));
