@@ -1,9 +1,9 @@
 """Routing PyTorch's allocations through torchmem.
 
 ``install("cpu")`` swaps c10's CPU allocator (reversible); ``install("cuda")``
-hands PyTorch a ``CUDAPluggableAllocator`` built from torchmem's own
-extension module (once per process, before CUDA is initialized, as PyTorch
-requires). Installing also turns on the garbage-collecting retry: an
+makes torchmem's complete ``CUDAAllocator`` (``torchmem.cuda_allocator()``)
+PyTorch's CUDA allocator through ``change_current_allocator`` (once per
+process, before CUDA is initialized, as PyTorch requires). Installing also turns on the garbage-collecting retry: an
 allocation about to fail runs ``gc.collect()`` once and retries.
 """
 
