@@ -556,7 +556,8 @@ SizePolicy Engine::policy() const {
 // --- tracing ----------------------------------------------------------------
 
 void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size,
-                   StreamId stream, ContextId context, const PrivatePool* pool) {
+                   StreamId stream, ContextId context, const PrivatePool* pool,
+                   TraceLabel user_metadata) {
   TraceEntry entry;
   entry.action = action;
   entry.address = address;
@@ -565,6 +566,8 @@ void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size,
   entry.context = context;
   if (pool != nullptr) entry.pool = pool->id;
   entry.time_us = TraceNowMicros();
+  entry.user_metadata = user_metadata != kNoTraceLabel ? user_metadata : TraceUserMetadata();
+  entry.compile_context = TraceCompileContext();
   if (trace_listener_ != nullptr) trace_listener_(entry);
   if (trace_ != nullptr && (trace_skip_mask_ >> static_cast<int>(action) & 1) == 0) {
     trace_->Record(entry);
@@ -608,6 +611,23 @@ void Engine::RecordSnapshotEvent() {
     Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current),
           0, kNoContext, nullptr);
   }
+}
+
+absl::Status Engine::RecordAnnotation(const void* ptr, TraceLabel label) {
+  MutexLock lock(&mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = blocks_.find(address);
+  if (it == blocks_.end() || it->second->state != BlockState::kAllocated) {
+    return absl::NotFoundError(absl::StrFormat(
+        "torchmem: cannot annotate %#x: no allocated block starts there on %s", address,
+        device_name_));
+  }
+  if (Tracing()) {
+    const Block* block = it->second;
+    Trace(TraceAction::kAnnotate, address, block->requested_size, block->stream(), kNoContext,
+          block->owner(), label);
+  }
+  return absl::OkStatus();
 }
 
 // --- bookkeeping helpers ----------------------------------------------------

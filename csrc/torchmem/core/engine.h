@@ -272,6 +272,10 @@ class Engine {
   std::vector<TraceEntry> GetTrace() const;
   // Records a kSnapshot entry (PyTorch's snapshot marker).
   void RecordSnapshotEvent();
+  // Records a kAnnotate entry attaching `label` to the allocated block at
+  // `ptr` (PyTorch's annotateMemory); NotFound if no allocated block starts
+  // there. Nothing is recorded while tracing is off.
+  absl::Status RecordAnnotation(const void* ptr, TraceLabel label);
 
   SizePolicy policy() const;
 
@@ -364,8 +368,10 @@ class Engine {
   absl::StatusOr<PrivatePool*> FindPool(PoolId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   PrivatePool* CreateOrIncrefPoolLocked(PoolId id, absl::Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // `user_metadata`: the entry's label; by default the process-wide one.
   void Trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
-             ContextId context, const PrivatePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+             ContextId context, const PrivatePool* pool,
+             TraceLabel user_metadata = kNoTraceLabel) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool Tracing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     return trace_ != nullptr || trace_listener_ != nullptr;
   }

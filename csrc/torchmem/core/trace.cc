@@ -21,6 +21,8 @@ const char* TraceActionName(TraceAction action) {
       return "oom";
     case TraceAction::kSnapshot:
       return "snapshot";
+    case TraceAction::kAnnotate:
+      return "annotate";
   }
   return "?";
 }

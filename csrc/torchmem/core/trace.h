@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "torchmem/core/trace_labels.h"
 #include "torchmem/core/types.h"
 
 namespace torchmem {
@@ -25,8 +26,9 @@ enum class TraceAction : std::uint8_t {
   kSegmentFree,    // a segment was returned to the backend
   kOom,            // an allocation failed; address = bytes free on the device then
   kSnapshot,       // a snapshot was taken; size = active bytes then
+  kAnnotate,       // a label was attached to a live block (user_metadata = the text)
 };
-inline constexpr int kNumTraceActions = 7;
+inline constexpr int kNumTraceActions = 8;
 
 const char* TraceActionName(TraceAction action);
 // The action of a PyTorch action name ("alloc", "segment_free", ...); false
@@ -41,6 +43,8 @@ struct TraceEntry {
   ContextId context = kNoContext;
   PoolId pool;               // the private pool involved; default pool: {0, 0}
   std::int64_t time_us = 0;  // wall clock, microseconds since the epoch
+  TraceLabel user_metadata = kNoTraceLabel;    // see trace_labels.h
+  TraceLabel compile_context = kNoTraceLabel;  // of the thread that caused it
 };
 
 class TraceRing {

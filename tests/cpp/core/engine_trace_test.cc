@@ -47,6 +47,36 @@ TEST_F(EngineTest, TraceSeparatesFreeRequestedFromCompletedAcrossStreams) {
   EXPECT_EQ(Actions(engine_->GetTrace()).back(), TraceAction::kFreeCompleted);
 }
 
+TEST_F(EngineTest, TraceEntriesCarryTheUserMetadataAndTheThreadsCompileContext) {
+  engine_->SetTraceCapacity(100);
+  SetTraceUserMetadata(InternTraceLabel("epoch 3"));
+  PushTraceCompileContext(InternTraceLabel("Torch-Compiled Region: 0/0"));
+  void* ptr = Allocate(4096);
+  PopTraceCompileContext();
+  SetTraceUserMetadata(kNoTraceLabel);
+  Free(ptr);
+  const std::vector<TraceEntry> trace = engine_->GetTrace();
+  ASSERT_EQ(trace[1].action, TraceAction::kAlloc);
+  EXPECT_EQ(TraceLabelText(trace[1].user_metadata), "epoch 3");
+  EXPECT_EQ(TraceLabelText(trace[1].compile_context), "Torch-Compiled Region: 0/0");
+  EXPECT_EQ(trace.back().user_metadata, kNoTraceLabel);
+  EXPECT_EQ(trace.back().compile_context, kNoTraceLabel);
+  EXPECT_EQ(InternTraceLabel("epoch 3"), trace[1].user_metadata);  // one id per text
+}
+
+TEST_F(EngineTest, AnnotationsAreTraceEntriesOfLiveBlocksOnly) {
+  engine_->SetTraceCapacity(100);
+  void* ptr = Allocate(1000);
+  ASSERT_TRUE(engine_->RecordAnnotation(ptr, InternTraceLabel("weights")).ok());
+  const TraceEntry annotation = engine_->GetTrace().back();
+  EXPECT_EQ(annotation.action, TraceAction::kAnnotate);
+  EXPECT_EQ(annotation.address, Address(ptr));
+  EXPECT_EQ(annotation.size, 1000u);
+  EXPECT_EQ(TraceLabelText(annotation.user_metadata), "weights");
+  Free(ptr);
+  EXPECT_TRUE(absl::IsNotFound(engine_->RecordAnnotation(ptr, InternTraceLabel("late"))));
+}
+
 TEST_F(EngineTest, TraceKeepsTheNewestEntriesWhenFull) {
   engine_->SetTraceCapacity(3);
   for (int i = 0; i < 5; ++i) Free(Allocate(4096));

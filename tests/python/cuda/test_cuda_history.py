@@ -141,3 +141,28 @@ def test_dump_snapshot_is_rendered_by_pytorchs_memory_viz(tmp_path):
     assert "add_local_files" in html.read_text()
     assert "add_local_files" in memory_viz.segment_plot(snapshot)
     del tensors
+
+
+def test_user_metadata_and_annotations_are_stamped_on_trace_entries():
+    record("all", context="all", stacks="python")
+    assert torch._C._cuda_memoryMetadataSupported()
+    torch.cuda.memory._set_memory_metadata("epoch 3")
+    tagged = torch.empty(100, device="cuda")
+    assert torch._C._cuda_getMemoryMetadata() == "epoch 3"
+    torch.cuda.memory._set_memory_metadata("")
+    torch.cuda.memory._annotate_tensor(tagged, "the weights")
+    entries = [entry for entry in traces(torch.cuda.memory._snapshot())
+               if entry["addr"] == tagged.data_ptr() and entry["action"] != "segment_alloc"]
+    assert [(e["action"], e["user_metadata"]) for e in entries] == [
+        ("alloc", "epoch 3"), ("annotate", "the weights")]
+    assert all(entry["compile_context"] == "N/A" for entry in entries)  # PyTorch's "none"
+    del tagged
+
+
+def test_the_profiler_sees_each_allocation_and_free():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as profile:
+        tensor = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        del tensor
+    changes = [event.device_memory_usage for event in profile.events() if event.name == "[memory]"]
+    assert changes and changes[-1] == -(1 << 20)

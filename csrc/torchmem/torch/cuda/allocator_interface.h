@@ -4,7 +4,8 @@
 // versions: methods gain parameters (emptyCache(MempoolId_t),
 // snapshot(..., include_traces), recordHistory(..., clearHistory,
 // skip_actions), setUseOnOOM(..., use_on_oom)), appear
-// (attachOomRejectionObserver, markCaptureBegin/End) or change argument
+// (attachOomRejectionObserver, markCaptureBegin/End, the user-metadata and
+// annotation calls) or change argument
 // types (createOrIncrefPool's allocator); the IPC handle's version byte
 // changes too (kShareableHandleVersion). CudaAllocatorAdapter overrides
 // exactly those, in the spelling of the torch it is compiled against, and
@@ -55,6 +56,9 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
   virtual void SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) = 0;
   virtual void MarkCapture(c10::DeviceIndex device, bool begins) = 0;
   virtual void AttachOomRejectionObserver(cca::OomRejectionObserver observer) = 0;
+  virtual void SetTraceMetadata(const std::string& metadata) = 0;
+  virtual std::string TraceMetadata() = 0;
+  virtual void Annotate(const void* ptr, const std::string& metadata) = 0;
 
   // --- torch 2.14's spellings -----------------------------------------------
   void emptyCache(c10::MempoolId_t mempool_id) final { EmptyCacheOf(mempool_id); }
@@ -79,6 +83,12 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
   void markCaptureEnd(c10::DeviceIndex device) final { MarkCapture(device, false); }
   void attachOomRejectionObserver(cca::OomRejectionObserver observer) final {
     AttachOomRejectionObserver(std::move(observer));
+  }
+  bool supportsUserMetadata() final { return true; }
+  void setUserMetadata(const std::string& metadata) final { SetTraceMetadata(metadata); }
+  std::string getUserMetadata() final { return TraceMetadata(); }
+  void annotateMemory(const void* ptr, const std::string& metadata) final {
+    Annotate(ptr, metadata);
   }
 };
 

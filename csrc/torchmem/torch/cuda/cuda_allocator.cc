@@ -55,6 +55,17 @@ void ConfigureNewEngineTrampoline(int device, Engine& engine) {
   AllocatorImpl().ConfigureNewEngine(device, engine);
 }
 
+// What PyTorch's allocator tells torch.profiler(profile_memory=True) at each
+// allocation and free: the block's size (negative when freed) and the
+// device's totals after it.
+void ReportToProfiler(int device, Engine& engine, void* ptr, std::int64_t change) {
+  const MemoryStats stats = engine.GetStats();
+  c10::reportMemoryUsageToProfiler(
+      ptr, change, static_cast<std::size_t>(stats.allocated_bytes.all().current),
+      static_cast<std::size_t>(stats.reserved_bytes.all().current),
+      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
 }  // namespace
 
 // --- deleters -----------------------------------------------------------------
@@ -66,6 +77,14 @@ void RawDeleteCached(void* ptr) {
   for (int device = 0; device < kMaxCudaDevices; ++device) {
     Engine* engine = ExistingCudaEngine(device);
     if (engine == nullptr) continue;
+    if (ABSL_PREDICT_FALSE(c10::memoryProfilingEnabled())) {
+      absl::StatusOr<BlockInfo> block = engine->GetBlock(ptr);
+      if (!block.ok()) continue;
+      absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
+      if (!freed.ok()) Warn(freed.status().message());
+      ReportToProfiler(device, *engine, ptr, -static_cast<std::int64_t>(block->size));
+      return;
+    }
     absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
     if (freed.ok() && !*freed) continue;
     // A deleter runs in destructors and must not throw; the pool is intact.
@@ -238,7 +257,13 @@ void* TorchmemCudaAllocatorImpl::Malloc(c10::DeviceIndex device, size_t size,
                                         cudaStream_t stream) {
   Engine& engine = EngineOf(device);
   absl::StatusOr<void*> ptr = engine.Allocate(size, reinterpret_cast<StreamId>(stream));
-  if (ABSL_PREDICT_TRUE(ptr.ok())) return *ptr;
+  if (ABSL_PREDICT_TRUE(ptr.ok())) {
+    if (ABSL_PREDICT_FALSE(c10::memoryProfilingEnabled()) && *ptr != nullptr) {
+      absl::StatusOr<BlockInfo> block = engine.GetBlock(*ptr);
+      if (block.ok()) ReportToProfiler(device, engine, *ptr, static_cast<std::int64_t>(block->size));
+    }
+    return *ptr;
+  }
   ThrowAllocationFailure(device, engine, size, ptr.status());
 }
 

@@ -20,7 +20,7 @@
 //   - IPC of CUDA tensors between processes (ipc.h);
 //   - PYTORCH_CUDA_ALLOC_CONF, read from PyTorch's parser (alloc_config.h).
 //
-// name() is "native": PyTorch and libraries compare
+// name() is "native": PyTorch's tests and other libraries compare
 // torch.cuda.get_allocator_backend() against "native" to mean "the caching
 // allocator, with statistics, snapshots, graph pools and 512-byte rounding",
 // all of which torchmem provides with PyTorch's semantics (anything else,

@@ -83,6 +83,11 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override;
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override;
+  void SetTraceMetadata(const std::string& metadata) override;
+  std::string TraceMetadata() override;
+  void Annotate(const void* ptr, const std::string& metadata) override;
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
 
   // --- out of memory --------------------------------------------------------
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;

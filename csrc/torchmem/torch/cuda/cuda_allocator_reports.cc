@@ -20,6 +20,7 @@
 #include <c10/util/ApproximateClock.h>
 
 #include "torchmem/core/context_capture.h"
+#include "torchmem/core/trace_labels.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
 
@@ -66,6 +67,8 @@ cca::TraceEntry::Action ToTorch(TraceAction action) {
       return cca::TraceEntry::OOM;
     case TraceAction::kSnapshot:
       return cca::TraceEntry::SNAPSHOT;
+    case TraceAction::kAnnotate:
+      return cca::TraceEntry::ANNOTATE;
   }
   return cca::TraceEntry::SNAPSHOT;
 }
@@ -76,7 +79,12 @@ cca::TraceEntry ToTorch(const TraceEntry& entry, int device,
                         std::shared_ptr<c10::GatheredContext> context) {
   cca::TraceEntry out(ToTorch(entry.action), static_cast<c10::DeviceIndex>(device),
                       entry.address, entry.size, reinterpret_cast<void*>(entry.stream),
-                      ToMempoolId(entry.pool), /*time=*/0, std::move(context));
+                      ToMempoolId(entry.pool), /*time=*/0, std::move(context),
+                      // PyTorch's text for "no compile context".
+                      entry.compile_context != kNoTraceLabel
+                          ? TraceLabelText(entry.compile_context)
+                          : std::string("N/A"),
+                      TraceLabelText(entry.user_metadata));
   out.time_.t_ = static_cast<time_t>(entry.time_us);
   return out;
 }
@@ -306,6 +314,33 @@ void TorchmemCudaAllocatorImpl::recordAnnotation(
     annotations_.erase(annotations_.begin());
   }
 }
+
+// Labels of trace entries (core/trace_labels.h): user metadata and compile
+// contexts are stamped on entries as they are recorded, as PyTorch does.
+void TorchmemCudaAllocatorImpl::SetTraceMetadata(const std::string& metadata) {
+  SetTraceUserMetadata(InternTraceLabel(metadata));
+}
+
+std::string TorchmemCudaAllocatorImpl::TraceMetadata() {
+  return TraceLabelText(TraceUserMetadata());
+}
+
+void TorchmemCudaAllocatorImpl::Annotate(const void* ptr, const std::string& metadata) {
+  const TraceLabel label = InternTraceLabel(metadata);
+  for (const auto& [device, engine] : CudaEngines()) {
+    absl::Status status = engine->RecordAnnotation(ptr, label);
+    if (status.ok()) return;
+  }
+  TORCH_CHECK(false, "torchmem: cannot annotate ", ptr,
+              ": it is not the start of a live CUDA allocation (annotate the tensor's "
+              "untyped_storage().data_ptr())");
+}
+
+void TorchmemCudaAllocatorImpl::pushCompileContext(std::string& md) {
+  PushTraceCompileContext(InternTraceLabel(md));
+}
+
+void TorchmemCudaAllocatorImpl::popCompileContext() { PopTraceCompileContext(); }
 
 // --- trace trackers -----------------------------------------------------------
 
