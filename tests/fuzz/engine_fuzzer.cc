@@ -970,7 +970,16 @@ class Fuzzer {
 
   void DoConfig() {
     SizePolicy policy = engine_->policy();
-    switch (in_.U8() % 4) {
+    switch (in_.U8() % 5) {
+      case 4: {
+        // Expandable segments on or off: blocks of both kinds then coexist.
+        const Placement placement =
+            in_.U8() % 2 == 0 ? Placement::kVirtualMemory : Placement::kPyTorch;
+        const absl::Status placed = engine_->SetPlacement(placement);
+        FUZZ_CHECK(placed.ok() || faults_->total_failures() > 0,
+                   "SetPlacement failed with no fault armed: ", placed.ToString());
+        return;
+      }
       case 0:
         policy.max_split_size = in_.U8() % 2 == 0 ? SizePolicy::kNoMaxSplit
                                                   : (std::size_t{21} + in_.U8() % 64) * kMiB;
