@@ -6,6 +6,12 @@ Registered as the ``torchmem`` ``pytest11`` entry point. A test is checked when 
 * carries ``@pytest.mark.torchmem(...)`` (``enabled=False`` opts a test out), or
 * runs under ``pytest --torchmem`` / ``torchmem_autouse = true`` (every test).
 
+Distributed tests: the ``torchmem_distributed`` fixture spawns a process group
+(``torchmem_distributed.spawn(fn, world_size=2)``), runs ``fn`` on every rank under a
+collective leak check and fails the test with the job's report. When pytest itself runs on
+every rank of a job (``torchrun -m pytest``), the per-test check is collective: all ranks
+fail a test that leaked on any of them.
+
 The check wraps the test's call phase (after fixtures are set up, before they are torn
 down): blocks allocated while the test body ran and still allocated when it returned fail
 the test, with the leak report as the failure message. A test that fails on its own is
@@ -229,13 +235,33 @@ def _install_for_test(device: str, item) -> None:
 def _make_check(options: CheckOptions):
     import torchmem
 
-    return torchmem.leak_check(
+    kwargs = dict(
         raise_on_leak=False,
         allow_tags=options.allow_tags,
         warmup=options.warmup,
         max_leaked_bytes=options.max_leaked_bytes,
         devices=[options.device],
     )
+    if _in_process_group():
+        # pytest run on every rank of a job (torchrun -m pytest): the ranks decide together, so a
+        # leak on one rank fails the test on all of them and none runs ahead into the next test.
+        import torchmem.distributed
+
+        return torchmem.distributed.leak_check(**kwargs)
+    return torchmem.leak_check(**kwargs)
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _failing_report(check):
+    """What fails the test: the collective report of a torchmem.distributed check (every rank's
+    findings), else this process's report."""
+    job = getattr(check, "job", None)
+    return job if job is not None else check.report
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
@@ -284,6 +310,49 @@ def pytest_runtest_call(item):
         check.__exit__(*sys.exc_info())
         raise
     check.__exit__(None, None, None)
-    if check.report.exceeds_limit:
-        pytest.fail(f"{check.report.render()}\n{_HINT}", pytrace=False)
+    failing = _failing_report(check)
+    if failing.exceeds_limit:
+        pytest.fail(f"{failing.render()}\n{_HINT}", pytrace=False)
     return result
+
+
+@pytest.fixture
+def torchmem_distributed(request):
+    """Runs a function on N ranks (new processes forming a process group), with torchmem in each
+    and a collective leak check around the function; fails the test with the job's report when
+    a rank leaked, or with each failed rank's traceback. Configure it with
+    ``@pytest.mark.torchmem(device=..., allow_tags=..., warmup=..., max_leaked_bytes=...)``::
+
+        def test_ddp_step(torchmem_distributed):
+            torchmem_distributed.spawn(ddp_step, world_size=2)   # ddp_step(rank, world_size)
+    """
+    options = _checked_options(request.node)
+    marker = request.node.get_closest_marker(_MARKER)
+    # Asking for the fixture turns the ranks' check on, unless the marker turns it off.
+    checked = marker is None or marker.kwargs.get("enabled", True) is not False
+    return _DistributedRunner(replace(options, enabled=checked))
+
+
+class _DistributedRunner:
+    """The ``torchmem_distributed`` fixture: ``torchmem.distributed.spawn`` with the test's settings."""
+
+    def __init__(self, options: CheckOptions):
+        self.options = options
+
+    def spawn(self, fn, world_size: int = 2, *, args: tuple = (), backend: str = "gloo", timeout: float = 120.0):
+        """``fn(rank, world_size, *args)`` on ``world_size`` ranks; returns their return values."""
+        from torchmem.distributed.errors import DistributedLeakError
+        from torchmem.distributed.spawn import SpawnError, spawn
+
+        options = self.options
+        try:
+            return spawn(
+                fn, world_size=world_size, args=args, backend=backend, devices=(options.device.split(":")[0],),
+                timeout=timeout, check=options.enabled, repeat=options.warmup + 1, allow_tags=options.allow_tags,
+                warmup=options.warmup, max_leaked_bytes=options.max_leaked_bytes,
+            )
+        except DistributedLeakError as error:
+            message = f"{error.job.render()}\n{_HINT}"
+        except SpawnError as error:
+            message = str(error)
+        pytest.fail(message, pytrace=False)

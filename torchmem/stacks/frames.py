@@ -9,7 +9,8 @@ its file's **origin**, in one place:
 ``stdlib``    Python's standard library (``copy.deepcopy`` is never "allocated at");
 ``torch``     PyTorch and its companions, torchmem included: machinery, folded;
 ``runner``    code that only runs the application's: pytest, pluggy, runpy,
-              threading's bootstrap, the import machinery and frozen modules.
+              threading's bootstrap, multiprocessing's process start, the import machinery and
+              frozen modules.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def is_marker(frame: Frame) -> bool:
 # --- whose code is a frame --------------------------------------------------------------
 
 _TORCH_PACKAGES = ("torch", "torchmem", "functorch", "torchgen", "triton")
-_RUNNER_PACKAGES = ("_pytest", "pluggy")
+_RUNNER_PACKAGES = ("_pytest", "pluggy", "multiprocessing")
 _RUNNER_MODULES = ("runpy", "threading")
 
 
