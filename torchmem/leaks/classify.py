@@ -25,6 +25,7 @@ class Classifier:
         self.report = entry.report
         self.survivors = survivors
         self.engines: dict[str, object] = {}
+        self.released_meanwhile: set = set()  # (device, address) freed by other threads, not by gc
 
     def run(self) -> None:
         candidates = []  # (device, block) still allocated at scope end and not allowed
@@ -55,6 +56,8 @@ class Classifier:
         if self.check.gc_collect:
             freed, holders = self._collect_cycles(candidates)
             self.report.gc_collected = True
+        candidates = [(device, block) for device, block in candidates
+                      if (device, block["address"]) not in self.released_meanwhile]
         reachable = [(device, block) for device, block in candidates if (device, block["address"]) not in freed]
         owners = {}
         if reachable:
@@ -119,10 +122,17 @@ class Classifier:
             return set(), {}  # nothing was unreachable: every candidate is still held
         try:
             holders = _owners.find_cycle_holders(blocks, garbage)
+            # The saved garbage is still alive here, so a candidate already gone was released by
+            # another thread (a Gloo worker dropping its last reference to a collective's
+            # tensor just after the collective returned), not by the garbage collector.
+            released = {(device, block["address"]) for device, block in candidates
+                        if not self._still_allocated(device, block)}
         finally:
             del garbage
         gc.collect()  # frees what the first pass only saved
-        freed = {(device, block["address"]) for device, block in candidates if not self._still_allocated(device, block)}
+        freed = {(device, block["address"]) for device, block in candidates
+                 if not self._still_allocated(device, block)} - released
+        self.released_meanwhile |= released
         return freed, {key: holder for key, holder in holders.items() if key in freed}
 
     def _add(self, kind: str, device: str, block: dict, *, owners=(), cycle_types=(), cycle=None, note=None) -> None:
