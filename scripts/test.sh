@@ -52,5 +52,7 @@ $PYTHON -m pytest tests/python -q -p no:cacheprovider
 
 log "benchmark smoke run (benchmarks/run_all.py --quick; it measures, it does not test speed)"
 $PYTHON benchmarks/run_all.py --quick --build-dir build/release --no-build
+log "distributed benchmark smoke run (payload sizes; gather times at 2 ranks)"
+$PYTHON benchmarks/distributed_gather.py --worlds 2 --repeats 1
 
 log "all tests passed in $((SECONDS - start)) s"

@@ -5,6 +5,7 @@
     python -m torchmem run --snapshot mem.pickle --json report.json train.py
     python -m torchmem run --rss train.py            # plus host RAM per process (RSS)
     python -m torchmem demo                          # the Composer metrics leak, found
+    torchrun --nproc-per-node=8 -m torchmem run train.py   # one report for the whole job
 
 ``run`` installs torchmem before the program starts (the CPU always, CUDA too when a
 device is available: PyTorch lets an allocator be swapped only before CUDA's first use),
@@ -21,6 +22,13 @@ runs it as ``__main__`` with its arguments, and when it ends prints to stderr:
 
 The program's exit code is kept: ``sys.exit(n)`` gives ``n``; an uncaught exception
 prints its traceback and gives 1, as with ``python script.py``.
+
+Under a launcher (``torchrun ... -m torchmem run train.py``, or any launcher that sets
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), every rank runs the script under torchmem
+and rank 0 prints one report for the job instead: a row per rank, the imbalance between
+ranks, every rank's leaks (``torchmem.distributed.launcher`` says how, and what happens
+when a rank crashes or the ranks disagree). ``--snapshot``/``--json`` then write one file
+per rank, and rank 0 the combined JSON.
 
 When the report runs. Python finishes a program in this order: wait for its threads,
 run its ``atexit`` functions, release its modules' globals. ``run`` reports at exactly
