@@ -199,14 +199,16 @@ def four_ranks(rank: int, world_size: int) -> dict:
             peak = torch.ones(2 * MiB)  # 8 MiB more than the other ranks at its peak
             del peak
 
+    # The collective's tensor outlives the check: a Gloo worker may drop its reference to it a
+    # moment after all_reduce returns, and the check is about what the ranks keep.
+    total = torch.randn(1000)
+
     def leaking():
         with tmd.leak_check(timeout=60):
             with torchmem.tag("work"):
-                data = torch.randn(1000)
-                dist.all_reduce(data)
+                dist.all_reduce(total)
                 if rank == 1:
-                    HISTORY.append(data * 2)
-                del data
+                    HISTORY.append(total * 2)
 
     out["leak"] = _outcome(leaking)
     HISTORY.clear()

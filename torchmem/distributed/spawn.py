@@ -17,7 +17,11 @@ an error naming it, and the remaining ranks are stopped. The pytest plugin's
 settings.
 
 ``fn`` must be picklable (a module-level function), as with ``torch.multiprocessing.spawn``;
-it is called as ``fn(rank, world_size, *args)`` and its return values come back as a list.
+it is called as ``fn(rank, world_size, *args)`` and its return values come back as a list. A
+script that calls ``spawn`` at its top level needs the ``if __name__ == "__main__":`` guard,
+as every multiprocessing start method but fork does (the ranks import the main module).
+The fork server is multiprocessing's own (``set_forkserver_preload`` is set before it starts;
+a fork server the program started earlier is reused as it is).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ are arbitrary: these ranks check memory, never numbers."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -83,6 +85,17 @@ def ddp(rank: int, world_size: int) -> dict:
     return out
 
 
+def _pending_bytes(device, at_least: int, timeout: float = 10.0) -> int:
+    """Pending bytes once they reach ``at_least`` (or the timeout): Gloo's worker thread drops its
+    own reference to a collective's tensor a moment after the collective returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = torchmem.fragmentation(device)["pending_free_bytes"]
+        if pending >= at_least or time.monotonic() > deadline:
+            return pending
+        time.sleep(0.001)
+
+
 def comm_stream(rank: int, world_size: int) -> dict:
     """Gloo runs a CUDA all_reduce on a stream of its own and records the tensor on it
     (record_stream): freed, the block waits for that stream, still charged to its tag."""
@@ -96,7 +109,7 @@ def comm_stream(rank: int, world_size: int) -> dict:
                 grads = torch.ones(1 << 18, device=device)  # 1 MiB
                 dist.all_reduce(grads)
             del grads
-            out["pending_after_free"] = torchmem.fragmentation(device)["pending_free_bytes"]
+            out["pending_after_free"] = _pending_bytes(device, at_least=MiB)
         out["report"] = report.render()
     finally:
         sim.set_event_mode("immediate")

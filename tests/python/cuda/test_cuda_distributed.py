@@ -57,7 +57,7 @@ def test_fsdp2_buffers_on_its_own_streams_follow_the_tags():
 
 
 TRAIN = """\
-    import os
+    import gc, os
     import torch, torch.distributed as dist
     import torchmem
     import steplog
@@ -75,6 +75,8 @@ TRAIN = """\
             with torchmem.tag("logging"):
                 steplog.HISTORY.append(torch.zeros(1 << 16, device="cuda"))
     dist.destroy_process_group()
+    del model
+    gc.collect()  # DDP's own reference cycles: what is left at exit is the planted leak
 """
 
 
