@@ -245,6 +245,25 @@ def test_the_job_report_names_missing_ranks_and_why():
     assert JobReport.from_dict(job.to_dict()).render() == text
 
 
+def test_the_job_report_shows_each_ranks_growth():
+    growing = {"steps": 6, "warmup": 2, "min_steps": 2, "measured_steps": 4, "growing": [
+        {"kind": "tag", "device": "cuda:1", "name": "metrics", "bytes_per_step": 65536.0, "total_bytes": 262144,
+         "steps": 4, "series": [0, 65536, 131072, 196608, 262144], "frame": None}]}
+    report = _rank(1, MiB)
+    report.growth = growing
+    text = JobReport([_rank(0, MiB), report], 2).render()
+    assert "growth on rank 1 (every step after warm-up)" in text
+    assert "+64.0 KiB/step  cuda:1  tag=metrics" in text
+
+
+def test_a_collective_check_without_a_process_group_says_what_to_do():
+    with pytest.raises(RuntimeError, match="no process group in this process; call torch.distributed.init_process_group"):
+        with tmd.leak_check():
+            pass
+    with pytest.raises(RuntimeError, match="exited without a matching enter"):
+        tmd.leak_check().__exit__(None, None, None)
+
+
 def test_rank_sets_read_as_ranges():
     assert format_ranks([3]) == "rank 3"
     assert format_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"

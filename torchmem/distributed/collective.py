@@ -252,6 +252,8 @@ class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check i
         return self._local._enter(site=site)
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        if self._info is None or self._local._open is None:
+            return self._local.__exit__(exc_type, exc, traceback)  # raises what is wrong: nothing to exchange
         what = f"torchmem.distributed.leak_check (entered at {self._site})"
         local_error = None
         try:

@@ -200,7 +200,7 @@ class JobReport:
 
     # --- output -----------------------------------------------------------------------
     def render(self) -> str:
-        """The report as text: the table, imbalance, exit codes, leaks by rank, missing ranks."""
+        """The report as text: the table, imbalance, exit codes, leaks and growth by rank, missing ranks."""
         reported = len(self.ranks)
         head = f"torchmem job report: {reported} of {self.world_size} ranks reported"
         if self.title:
@@ -238,6 +238,15 @@ class JobReport:
                 lines.append(f"leaks: none on {format_ranks(checked)}")
         if no_check:
             lines.append(f"leaks: not checked on {format_ranks(no_check)}")
+        for report in self.ranks:
+            growing = (report.growth or {}).get("growing") or []
+            if growing:
+                lines += ["", f"growth on rank {report.rank} (every step after warm-up)"]
+                for growth in growing:
+                    lines.append(
+                        f"  +{format_bytes(round(growth['bytes_per_step']))}/step  {growth['device']}  "
+                        f"{'tag=' if growth['kind'] == 'tag' else ''}{growth['name']}"
+                    )
         if self.missing:
             lines += ["", "ranks that sent no report"]
             lines += [f"  rank {rank}: {why}" for rank, why in self.missing.items()]
