@@ -83,10 +83,10 @@ def _exchange(info, what: str, outcome: dict, timeout) -> list[dict]:
 def _check_agreement(what: str, outcomes: list[dict]) -> None:
     """The same torchmem version, options and entry number on every rank, or an error that
     lists, for each difference, which ranks have which value."""
-    fields = {"torchmem version": lambda outcome: outcome["version"]}
-    for option in sorted({name for outcome in outcomes for name in outcome["options"]}):
-        fields[f"option {option}"] = lambda outcome, option=option: repr(outcome["options"].get(option))
-    fields["entry (times this check was entered)"] = lambda outcome: outcome["entry"]
+    fields = {"torchmem version": lambda outcome: outcome.get("version")}
+    for option in sorted({name for outcome in outcomes for name in outcome.get("options", {})}):
+        fields[f"option {option}"] = lambda outcome, option=option: repr(outcome.get("options", {}).get(option))
+    fields["entry (times this check was entered)"] = lambda outcome: outcome.get("entry")
     differences = []
     for label, read in fields.items():
         values: dict = {}
