@@ -78,6 +78,22 @@ void simcuda_reset_call_counts(void);
 /* Appends the trace (see SIMCUDA_TRACE) of both libraries to `path` now. */
 int simcuda_write_trace(const char* path);
 
+/* The driver's virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
+ * cuMemSetAccess): address reservations, live physical allocations (their
+ * bytes are also in simcuda_live_bytes of their device, one live allocation
+ * each), mappings, and mapped bytes some device may access. All zero if the
+ * fake driver cannot be found. */
+typedef struct simcuda_vmm_stats_st {
+  unsigned long long reservations;
+  unsigned long long reserved_bytes;
+  unsigned long long allocations;
+  unsigned long long allocated_bytes;
+  unsigned long long mappings;
+  unsigned long long mapped_bytes;
+  unsigned long long accessible_bytes;
+} simcuda_vmm_stats_t;
+void simcuda_vmm_stats(simcuda_vmm_stats_t* stats);
+
 /* Back to the configured state: completes all work, ends captures, clears
  * faults and counters, restores the event mode and capacities from the
  * environment, clears the calling thread's last error. Live allocations stay
