@@ -19,10 +19,13 @@ What it runs, in one process tree, torchmem against PyTorch's own allocators:
    ``_record_memory_history``; one process per variant, ABBA rounds;
 3. CPU tensors (``cpu_tensor_benchmark.py``): 4 KiB .. 64 MiB, default CPU allocator vs
    torchmem, ABBA rounds of processes;
-4. fragmentation: every trace replayed through torchmem's engine (``trace_replay``) and
-   through PyTorch's native CUDA allocator on the simulated device
-   (``trace_replay_native.py``), and, as a cross-check, through torchmem's CUDA
-   allocator on the same device and the same Python path;
+4. fragmentation: every trace replayed through torchmem's engine (``trace_replay``, each
+   engine variant it has: PyTorch-identical today, the VMM backend of issue 12 once built)
+   and through PyTorch's native CUDA allocator on the simulated device
+   (``trace_replay_native.py``), with its defaults and with
+   ``expandable_segments:True``, and, as a cross-check, through torchmem's CUDA
+   allocator on the same device and the same Python path (with expandable segments too,
+   once the VMM variant exists);
 5. stack capture overhead (``stack_capture_overhead.py``) by stack depth, next to the
    end-to-end costs of leak_check and of ``_record_memory_history`` from (2).
 

@@ -167,22 +167,47 @@ def run_cpu(args, raw: Path, env: dict) -> dict:
     return {"flags": [str(f) for f in flags]}
 
 
+# The replays of section 4 through PyTorch and torchmem on the simulated device: (output
+# name, trace_replay_native.py allocator, PYTORCH_CUDA_ALLOC_CONF, the engine variant it
+# needs or None). Expandable segments select torchmem's VMM backend as they do PyTorch's.
+CUDA_REPLAYS = (
+    ("replay_native", "native", "", None),
+    ("replay_native_expandable", "native", "expandable_segments:True", None),
+    ("replay_torchmem_cuda", "torchmem", "", None),
+    ("replay_torchmem_cuda_vmm", "torchmem", "expandable_segments:True", "vmm"),
+)
+
+
+def engine_variants(args) -> list[str]:
+    """The engine variants trace_replay can replay in this build (``--list_variants``)."""
+    proc = run([args.build_dir / "benchmarks" / "trace_replay", "--list_variants"], check=False)
+    if proc.returncode != 0:  # a trace_replay from before variants: the one engine there was
+        return ["pytorch"]
+    return [v["name"] for v in json.loads(proc.stdout)["variants"]]
+
+
 def run_fragmentation(args, raw: Path, env: dict, files: list[Path]) -> dict:
     repeat, warm = ("1", "1") if args.quick else ("3", "3")
+    variants = engine_variants(args)
     engine_out = raw / "replay_engine.jsonl"
     proc = run([args.build_dir / "benchmarks" / "trace_replay", f"--repeat={5 if not args.quick else 1}",
-                f"--warm_passes={5 if not args.quick else 1}", *files], check=False,
-               log_file=raw / "replay_engine.log")
+                f"--warm_passes={5 if not args.quick else 1}", "--variants=all", *files],
+               check=False, log_file=raw / "replay_engine.log")
     engine_out.write_text(proc.stdout)
-    status = {"engine_exit": proc.returncode}
-    for allocator, name in (("native", "replay_native"), ("torchmem", "replay_torchmem_cuda")):
+    status = {"engine_exit": proc.returncode, "engine_variants": variants}
+    for name, allocator, alloc_conf, needs in CUDA_REPLAYS:
+        if needs is not None and needs not in variants:
+            status[f"{name}_exit"] = f"not built: trace_replay has no {needs!r} variant"
+            continue
         flags = ["--one-process", "--allocator", allocator, "--repeat", repeat, "--warm-passes",
                  warm, "--json", raw / f"{name}.jsonl"]
+        if alloc_conf:
+            flags += ["--alloc-conf", alloc_conf]
         if args.quick:
             flags.append("--no-fragmentation")
         proc = run([sys.executable, BENCH / "trace_replay_native.py", *flags, *files], env=env,
                    check=False, log_file=raw / f"{name}.txt")
-        status[f"{allocator}_exit"] = proc.returncode
+        status[f"{name}_exit"] = proc.returncode
     return status
 
 

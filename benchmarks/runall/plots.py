@@ -101,24 +101,30 @@ class Plots:
         ax.legend(fontsize=8)
         self._save(fig, "cpu_tensors.png", "CPU tensors: ns per torch.empty + del by size")
 
-    def plot_fragmentation(self, traces, engine, native) -> None:
+    def plot_fragmentation(self, traces, engine, native, expandable=None, vmm=None) -> None:
         plt = self._plt()
         if plt is None:
             return
-        fig, ax = plt.subplots(figsize=(9, 0.32 * len(traces) + 1.5))
+        series = [("PyTorch default peak reserved", native),
+                  ("PyTorch expandable peak reserved", expandable or {}),
+                  ("torchmem peak reserved", engine),
+                  ("torchmem VMM peak reserved", vmm or {})]
+        series = [(label, data) for label, data in series if all(t in data for t in traces)]
+        bars = len(series) + 1
+        fig, ax = plt.subplots(figsize=(9, 0.32 * len(traces) * bars / 3 + 1.5))
         ys = range(len(traces))
-        h = 0.27
-        ax.barh([y - h for y in ys], [native[t]["peak_reserved_bytes"] / GIB for t in traces], h,
-                label="native peak reserved")
-        ax.barh(list(ys), [engine[t]["peak_reserved_bytes"] / GIB for t in traces], h,
-                label="torchmem peak reserved")
-        ax.barh([y + h for y in ys], [engine[t]["peak_requested_bytes"] / GIB for t in traces], h,
+        h = 0.8 / bars
+        for i, (label, data) in enumerate(series):
+            ax.barh([y + (i - (bars - 1) / 2) * h for y in ys],
+                    [data[t]["peak_reserved_bytes"] / GIB for t in traces], h, label=label)
+        ax.barh([y + (bars - 1) / 2 * h for y in ys],
+                [engine[t]["peak_requested_bytes"] / GIB for t in traces], h,
                 label="peak requested", color="lightgrey")
         ax.set_yticks(list(ys))
         ax.set_yticklabels(traces, fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log")
         ax.set_xlabel("GiB (log scale)")
-        ax.set_title("Peak reserved per trace: torchmem vs native")
+        ax.set_title("Peak reserved per trace: PyTorch's allocators and torchmem")
         ax.legend(fontsize=8)
         self._save(fig, "fragmentation.png", "Peak reserved per trace, torchmem vs native")

@@ -155,8 +155,10 @@ class Report(EngineSection, CudaSection, CpuSection, FragmentationSection, Stack
         self.w()
         self.w("Raw outputs of every tool are in `raw/` next to this file (not committed): "
                "`engine.json`/`engine.txt` (Google Benchmark), `callgrind_*` (profiles), "
-               "`cuda_e2e.json`, `cpu_tensors.json`, `replay_engine.jsonl`, "
-               "`replay_native.jsonl`, `replay_torchmem_cuda.jsonl`, `stack_capture.json`, and "
+               "`cuda_e2e.json`, `cpu_tensors.json`, `replay_engine.jsonl` (every engine variant), "
+               "`replay_native.jsonl`, `replay_native_expandable.jsonl`, "
+               "`replay_torchmem_cuda.jsonl` (and `replay_torchmem_cuda_vmm.jsonl` once the "
+               "engine has a VMM variant), `stack_capture.json`, and "
                "`run.json` (this run's metadata). `python3 benchmarks/run_all.py --report-only` "
                "rewrites this file from them. Each tool also runs alone; see its header comment.")
         self.w()
