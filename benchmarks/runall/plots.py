@@ -107,7 +107,7 @@ class Plots:
             return
         series = [("PyTorch default peak reserved", native),
                   ("PyTorch expandable peak reserved", expandable or {}),
-                  ("torchmem peak reserved", engine),
+                  ("torchmem PyTorch-identical peak reserved", engine),
                   ("torchmem VMM peak reserved", vmm or {})]
         series = [(label, data) for label, data in series if all(t in data for t in traces)]
         bars = len(series) + 1

@@ -37,7 +37,9 @@ int simcuda_set_device_count(int count);
 int simcuda_get_device_count(void);
 
 /* Memory: capacity (device -1 = every device, and devices added later),
- * bytes in use (charged in 256-byte units), peak, live allocation count. */
+ * bytes in use (charged in 256-byte units), peak, live allocation count. The
+ * driver's physical allocations (cuMemCreate) count in all three, one
+ * allocation each. */
 int simcuda_set_memory_capacity(int device, unsigned long long bytes);
 unsigned long long simcuda_get_memory_capacity(int device);
 unsigned long long simcuda_live_bytes(int device);
