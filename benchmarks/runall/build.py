@@ -136,8 +136,8 @@ def build(args, raw: Path) -> dict:
 
 def private_extension(args, raw: Path) -> Path:
     """Builds torchmem._C from the current sources into build/bench-python and assembles a
-    package there (the tree's torchmem/*.py, symlinked, plus that _C), leaving torchmem/
-    alone; returns the directory to put first on PYTHONPATH."""
+    package there (the tree's modules and subpackages, symlinked, plus that _C), leaving
+    torchmem/ alone; returns the directory to put first on PYTHONPATH."""
     build_dir = args.build_dir.parent / "bench-python"
     package = build_dir / "pkg" / "torchmem"
     package.mkdir(parents=True, exist_ok=True)
@@ -151,10 +151,13 @@ def private_extension(args, raw: Path) -> Path:
                 log_file=raw / "build_python_configure.log")
         run(["cmake", "--build", build_dir, "-j", str(args.jobs), "--target", "_C"],
             log_file=raw / "build_python.log")
-    for stale in package.glob("*.py"):
-        stale.unlink()
-    for source in (REPO / "torchmem").glob("*.py"):
-        (package / source.name).symlink_to(source)
+    for stale in package.iterdir():
+        if stale.is_symlink():
+            stale.unlink()
+    for source in (REPO / "torchmem").iterdir():
+        # Modules and subpackages (torchmem/runtime/, ...); not the tree's own _C.
+        if source.suffix == ".py" or (source.is_dir() and (source / "__init__.py").exists()):
+            (package / source.name).symlink_to(source)
     if not list(package.glob("_C*.so")):
         raise RuntimeError(f"no _C*.so in {package} after the build")
     return package.parent
