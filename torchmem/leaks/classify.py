@@ -118,21 +118,21 @@ class Classifier:
             gc.set_debug(flags)
         garbage = gc.garbage[kept_before:]
         del gc.garbage[kept_before:]
+        # The saved garbage is still alive here, so a candidate already gone was released by
+        # something else (a Gloo worker dropping its last reference to a collective's tensor
+        # just after the collective returned), not by the garbage collector: not left behind.
+        released = {(device, block["address"]) for device, block in candidates
+                    if not self._still_allocated(device, block)}
+        self.released_meanwhile |= released
         if not garbage:
-            return set(), {}  # nothing was unreachable: every candidate is still held
+            return set(), {}  # nothing was unreachable: every candidate left is still held
         try:
             holders = _owners.find_cycle_holders(blocks, garbage)
-            # The saved garbage is still alive here, so a candidate already gone was released by
-            # another thread (a Gloo worker dropping its last reference to a collective's
-            # tensor just after the collective returned), not by the garbage collector.
-            released = {(device, block["address"]) for device, block in candidates
-                        if not self._still_allocated(device, block)}
         finally:
             del garbage
         gc.collect()  # frees what the first pass only saved
         freed = {(device, block["address"]) for device, block in candidates
                  if not self._still_allocated(device, block)} - released
-        self.released_meanwhile |= released
         return freed, {key: holder for key, holder in holders.items() if key in freed}
 
     def _add(self, kind: str, device: str, block: dict, *, owners=(), cycle_types=(), cycle=None, note=None) -> None:
