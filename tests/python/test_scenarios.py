@@ -46,8 +46,8 @@ def test_composer_bug_fails_the_default_check_naming_the_deepcopy_line():
     trainer = ComposerLikeTrainer()
     with collector_paused(), torchmem.GrowthMonitor(warmup=1) as monitor:
         with pytest.raises(torchmem.LeakError) as raised:
-            with torchmem.leak_check():  # the defaults: cycles="repeating", cycle_repeats=3
-                run_composer_like_training(trainer, steps=5, monitor=monitor)
+            with torchmem.leak_check():  # the defaults: cycles="repeating", cycle_repeats=8
+                run_composer_like_training(trainer, steps=10, monitor=monitor)
 
     report = raised.value.report
     deepcopy_line = (
@@ -56,15 +56,15 @@ def test_composer_bug_fails_the_default_check_naming_the_deepcopy_line():
     )
     copied = [finding for finding in report.cycle if site_of(finding) == deepcopy_line]
     # Each batch copies both metrics' states (tp, fp, tn, fn) and their defaults.
-    assert len(copied) == 5 * 2 * 8
+    assert len(copied) == 10 * 2 * 8
     assert all(finding.counted and finding.device == "cpu" and finding.tag == "metrics" for finding in copied)
-    assert all("5 separate cycles held by Binary" in finding.note for finding in copied)
+    assert all("10 separate cycles held by Binary" in finding.note for finding in copied)
     assert {path for finding in copied for path in owner_paths(finding)} >= {
         "<BinaryAccuracy>.tp", "<BinaryF1Score>.fn", "<BinaryAccuracy>._defaults['tp']",
     }
     # What the copies computed (each copy caches its result) repeats too.
     computed = [finding for finding in report.cycle if finding not in copied]
-    assert len(computed) == 10 and all(finding.counted for finding in computed)
+    assert len(computed) == 20 and all(finding.counted for finding in computed)
     assert {owner_paths(finding)[0] for finding in computed} == {"<BinaryAccuracy>._computed", "<BinaryF1Score>._computed"}
     text = report.render()
     assert "metrics = deepcopy(metrics)  # the bug, removed by mosaicml/composer#3180" in text
@@ -112,7 +112,7 @@ def test_composer_after_the_fix_has_no_cycle_held_memory():
     trainer = FixedTrainer()
     with collector_paused(), torchmem.GrowthMonitor(warmup=1, by_site=False) as monitor:
         with torchmem.leak_check(raise_on_leak=False) as report:
-            run_composer_like_training(trainer, steps=5, monitor=monitor)
+            run_composer_like_training(trainer, steps=10, monitor=monitor)
 
     assert report.cycle == []
     assert not monitor.report().has_growth

@@ -164,7 +164,7 @@ def _devices(choice: str) -> list[torch.device]:
     return devices
 
 
-def main(device: str = "auto", steps: int = 6, out=None) -> int:
+def main(device: str = "auto", steps: int = 10, out=None) -> int:
     """Runs the demo; returns 0 when torchmem caught the leak and the fixed loop is clean."""
     from torchmem.integrations import cli as _cli
 

@@ -15,13 +15,13 @@ Settings, most specific first: the fixture's indirect parameter, the marker's ke
 then command-line options, then ini options, then defaults::
 
     @pytest.mark.torchmem(device="cpu", allow_tags=("cache",), warmup=1, max_leaked_bytes="4 KiB",
-                          cycles="repeating", cycle_repeats=3, allow_arguments=True)
+                          cycles="repeating", cycle_repeats=8, allow_arguments=True)
 
     @pytest.mark.parametrize("torchmem_leak_check", [{"cycles": "always"}], indirect=True)
     def test_x(torchmem_leak_check): ...
 
     pytest --torchmem --torchmem-device=cpu --torchmem-max-leaked-bytes=0 \
-           --torchmem-cycles=repeating --torchmem-cycle-repeats=3 --torchmem-allow-arguments=yes
+           --torchmem-cycles=repeating --torchmem-cycle-repeats=8 --torchmem-allow-arguments=yes
 
     [pytest]  (or [tool.pytest.ini_options])
     torchmem_autouse = true
@@ -29,7 +29,7 @@ then command-line options, then ini options, then defaults::
     torchmem_max_leaked_bytes = 1 KiB
     torchmem_allow_tags = cache warmup untagged
     torchmem_cycles = repeating
-    torchmem_cycle_repeats = 3
+    torchmem_cycle_repeats = 8
     torchmem_allow_arguments = true
 
 ``cycles`` / ``cycle_repeats``: when memory held only by a reference cycle fails a test
@@ -71,7 +71,7 @@ class CheckOptions:
     warmup: int
     max_leaked_bytes: int
     cycles: str = "repeating"
-    cycle_repeats: int = 3
+    cycle_repeats: int = 8
     allow_arguments: bool = True
 
 
@@ -113,7 +113,7 @@ def pytest_addoption(parser) -> None:
     group.addoption(
         "--torchmem-cycle-repeats", default=None, dest="torchmem_cycle_repeats", metavar="N",
         help="cycles from one allocation stack and holder type that fail a test under cycles=repeating "
-             "(int >= 2; ini: torchmem_cycle_repeats; default 3)",
+             "(int >= 2; ini: torchmem_cycle_repeats; default 8)",
     )
     group.addoption(
         "--torchmem-allow-arguments", default=None, dest="torchmem_allow_arguments", metavar="yes|no",
@@ -128,7 +128,7 @@ def pytest_addoption(parser) -> None:
         help="torchmem tags whose blocks may survive; 'untagged' allows memory allocated outside every tag",
     )
     parser.addini("torchmem_cycles", default="repeating", help="repeating, always or never (see --torchmem-cycles)")
-    parser.addini("torchmem_cycle_repeats", default="3", help="cycles that fail a test under cycles=repeating")
+    parser.addini("torchmem_cycle_repeats", default="8", help="cycles that fail a test under cycles=repeating")
     parser.addini("torchmem_allow_arguments", default="true",
                   help="allow memory held only through the test's arguments (parametrize values, fixtures)")
 
@@ -137,7 +137,7 @@ def pytest_configure(config) -> None:
     """Registers the marker, reads the session-wide settings, installs CUDA early if asked."""
     config.addinivalue_line(
         "markers",
-        "torchmem(device='auto', allow_tags=(), warmup=0, max_leaked_bytes=0, cycles='repeating', cycle_repeats=3, "
+        "torchmem(device='auto', allow_tags=(), warmup=0, max_leaked_bytes=0, cycles='repeating', cycle_repeats=8, "
         "allow_arguments=True, enabled=True): check this test for torchmem blocks still alive when it returns, "
         "with these settings",
     )

@@ -207,7 +207,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             ``cycle_repeats`` cycles in this entry, or cycles in the previous entry too: the
             Composer bug; an object that merely lives in a cycle is reported, not counted),
             ``"always"`` or ``"never"``. See ``torchmem.leaks.cycle_policy``.
-        cycle_repeats: distinct cycles (int >= 2, default 3) that make ``"repeating"`` count.
+        cycle_repeats: separate cycles (int >= 2, default 8) that make ``"repeating"`` count.
         allow_held_by: ``{name: object}``: memory held only through these objects is
             allowed (reported with the path from ``name``), e.g. a model whose caches may
             keep what the checked code computed.

@@ -118,7 +118,6 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
     if not starts:
         return {}
     by_id = {id(obj): obj for obj in garbage}
-    starts = _lift_outside_starts(starts, garbage, by_id)
     forward: dict[int, list[int]] = {}
     backward: dict[int, list[int]] = defaultdict(list)
     for obj in garbage:
@@ -126,6 +125,9 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
         forward[id(obj)] = successors
         for successor in successors:
             backward[successor].append(id(obj))
+    # After the graph is taken: naming edges reads instances' __dict__, which on 3.11+
+    # materializes dicts that are not in the garbage and would cut the edges through them.
+    starts = _lift_outside_starts(starts, garbage, by_id)
     component = _strongly_connected(list(by_id), forward)
     island = _islands(list(by_id), forward)
     sizes: dict[int, int] = defaultdict(int)
