@@ -22,9 +22,10 @@ _FIXTURE_NOTE = "held through the test's fixture {name!r} (scope {scope}; allow_
 _MAX_DEPTH = 4  # parametrize argvalues: list -> tuple of values -> ParameterSet -> values
 
 
-def argument_roots(item, *, exclude=()) -> tuple[AllowedRoot, ...]:
+def argument_roots(item, *, exclude=(), allowed: bool = True) -> tuple[AllowedRoot, ...]:
     """An ``AllowedRoot`` per argument of ``item`` (a pytest Function): parametrize values
-    named by the module-level object that holds them, fixtures by name and scope."""
+    named by the module-level object that holds them, fixtures by name and scope. With
+    ``allowed=False`` they only name holders (memory they hold still fails the test)."""
     funcargs = getattr(item, "funcargs", None) or {}
     callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec is not None else {}
@@ -34,9 +35,10 @@ def argument_roots(item, *, exclude=()) -> tuple[AllowedRoot, ...]:
             continue
         if name in params and params[name] is value:
             path = _parametrize_path(item, value) or f"<parametrize value {name!r} of {item.name}>"
-            roots.append(AllowedRoot(path, value, _PARAMETRIZE_NOTE.format(name=name)))
+            roots.append(AllowedRoot(path, value, _PARAMETRIZE_NOTE.format(name=name), allowed))
         else:
-            roots.append(AllowedRoot(f"<fixture {name!r}>", value, _FIXTURE_NOTE.format(name=name, scope=_scope(item, name))))
+            note = _FIXTURE_NOTE.format(name=name, scope=_scope(item, name))
+            roots.append(AllowedRoot(f"<fixture {name!r}>", value, note, allowed))
     return tuple(roots)
 
 

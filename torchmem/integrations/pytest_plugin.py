@@ -372,10 +372,10 @@ def pytest_runtest_call(item):
         return (yield)
     _install_for_test(options.device, item)
     check = item.stash.get(_CHECK_KEY, None) or _make_check(options)
-    if options.allow_arguments:
-        from torchmem.integrations.pytest_arguments import argument_roots
+    from torchmem.integrations.pytest_arguments import argument_roots
 
-        check.allowed_roots = argument_roots(item, exclude=(_FIXTURE,))
+    # The test's arguments name holders either way; allow_arguments also allows them.
+    check.allowed_roots = argument_roots(item, exclude=(_FIXTURE,), allowed=options.allow_arguments)
     for _ in range(options.warmup):
         with check:
             item.runtest()

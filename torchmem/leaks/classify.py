@@ -81,9 +81,13 @@ class Classifier:
                 allowed_roots=self.check.allowed_roots,
             )
             self.report.owner_search_stopped_early = search.stopped_early
-            if self.check.gc_collect and search.unnamed and collector.is_frozen():
-                # A block nothing named holds may be held by garbage older than the check
-                # (frozen, so not collected yet): collect the whole heap to be sure.
+            if (self.check.gc_collect and search.unnamed and not search.stopped_early and not collector.is_frozen()
+                    and collector.epoch_was_frozen(self.entry.freeze)):
+                # The walk had to look beyond the objects made during the check (something
+                # older holds them), went through every referrer and found no named root: that
+                # is what garbage older than the check looks like (frozen, so not collected by
+                # the first pass). Collect the whole heap to be sure. A walk stopped by its
+                # budget, or one that never left the new objects, is not worth a collection.
                 collector.thaw()
                 late_freed, late_holders = self._collect_cycles(
                     [(device, block) for device, block in reachable if (device, block["address"]) in search.unnamed]

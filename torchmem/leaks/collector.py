@@ -95,6 +95,12 @@ def thaw() -> None:
             _state.frozen = False
 
 
+def epoch_was_frozen(freeze: Freeze) -> bool:
+    """True if ``freeze`` was made under a freeze (its exit's first collection skipped the
+    objects older than the check)."""
+    return freeze is not None and freeze.epoch != 0
+
+
 def is_frozen() -> bool:
     """True while this module's freeze stands (collections see only new objects)."""
     return _state.frozen

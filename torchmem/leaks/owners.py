@@ -32,6 +32,7 @@ the check first.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import sys
 import time
@@ -63,6 +64,7 @@ _SMALL_FRONTIER = 48
 # Caps that keep a pathological heap (one object referenced from everywhere) from
 # swallowing the budget; paths through such objects are rarely the interesting ones.
 _MAX_FRONTIER_PER_BLOCK = 400
+_MAX_FROZEN_DEPTH = 64  # levels of the walk through objects made during the check
 _MAX_REFERRERS_PER_OBJECT = 64
 
 # The leak machinery itself: this package, and the pytest plugin that drives it.
@@ -84,12 +86,15 @@ def _is_runner_file(filename: str) -> bool:
 
 @dataclass(frozen=True)
 class AllowedRoot:
-    """An object whose memory the check allows: blocks held only through it are reported
-    as ``allowed`` with ``note``; ``name`` is how paths through it start."""
+    """An object the caller knows and names: paths through it start with ``name``. When
+    ``allowed``, blocks held only through it are reported as ``allowed`` with ``note``
+    (otherwise it only names holders, e.g. a pytest test's arguments under
+    ``allow_arguments=False``)."""
 
     name: str
     obj: object
     note: str
+    allowed: bool = True
 
 
 @dataclass
@@ -98,8 +103,10 @@ class OwnerSearch:
 
     ``owners``: named holders per block key; ``allowed``: keys held only through allowed
     roots, with the note that says why that is allowed; ``unnamed``: keys no named root
-    was found for; ``notes``: what is known about holders the walk cannot name (C++,
-    untracked objects); ``stopped_early``: a budget stopped the walk.
+    was found for, except ``held_outside``: those whose walk ended at an object nothing
+    the collector tracks refers to (C++, an untracked object; garbage could not be it);
+    ``notes``: what is known about holders the walk cannot name (C++, untracked
+    objects); ``stopped_early``: a budget stopped the walk.
     """
 
     owners: dict
@@ -107,6 +114,7 @@ class OwnerSearch:
     allowed: dict = field(default_factory=dict)
     unnamed: set = field(default_factory=set)
     notes: dict = field(default_factory=dict)
+    held_outside: set = field(default_factory=set)
 
 
 # --- named roots -----------------------------------------------------------------------
@@ -141,6 +149,56 @@ class _ModuleNames:
 
 
 _module_names = _ModuleNames()
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, types.ModuleType, type, types.FunctionType,
+          types.BuiltinFunctionType)
+
+
+class _GlobalValues:
+    """``id(value) -> (module name, global name)`` for the module globals that hold
+    containers and instances: a holder that is a module global is named when the walk
+    reaches it, without another pass over the heap for its module's dict. Built once per
+    ``sys.modules`` size (about 10 ms); entries are checked on use, so a global rebound
+    since then is not named wrongly (the walk finds it the slow way)."""
+
+    def __init__(self):
+        self._index: dict[int, tuple[str, str]] = {}
+        self._indexed: set[str] = set()
+        self._built_for = -1
+
+    def lookup(self, obj) -> tuple[str, str] | None:
+        if issubclass(type(obj), _ATOMS):  # type(): some proxies warn when asked for __class__
+            return None
+        if self._built_for != len(sys.modules):
+            self._rebuild()
+        found = self._index.get(id(obj))
+        if found is None:
+            return None
+        module = sys.modules.get(found[0])
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or namespace.get(found[1], _NOT_THERE) is not obj:
+            return None
+        return found
+
+    def _rebuild(self) -> None:
+        """Indexes the modules imported since the last time (entries of modules gone or
+        rebound fail the check on use)."""
+        index = self._index
+        for module_name, module in list(sys.modules.items()):
+            if module_name in self._indexed:
+                continue
+            self._indexed.add(module_name)
+            namespace = getattr(module, "__dict__", None) if isinstance(module, types.ModuleType) else None
+            if not isinstance(namespace, dict):
+                continue
+            for name, value in list(namespace.items()):
+                if not issubclass(type(value), _ATOMS) and not name.startswith("__"):
+                    index.setdefault(id(value), (module_name, name))
+        self._built_for = len(sys.modules)
+
+
+_NOT_THERE = object()
+_global_values = _GlobalValues()
 
 
 def _global_name(function) -> str | None:
@@ -277,11 +335,12 @@ class _UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
     def __init__(self, starts: dict, objects: list, local_roots: _LocalRoots, ignore: set, allowed: dict, *,
-                 max_depth: int, deadline: float, max_owners: int, extra_referrers: dict | None = None):
-        self.objects = objects
+                 max_depth: int, deadline: float, max_owners: int, extra_referrers: dict | None = None,
+                 new_objects: list | None = None):
+        self.new_objects = new_objects  # the objects made during the check, while frozen
         self.nodes: dict[int, object] = {}
         # The search's own containers refer to the objects it visits; they are never holders.
-        self.ignore: set[int] = set(ignore) | {id(objects), id(self.nodes), id(starts)}
+        self.ignore: set[int] = set(ignore) | {id(objects), id(self.nodes), id(starts), id(self), id(self.__dict__)}
         for entries in starts.values():
             self.ignore.add(id(entries))
             self.ignore.update(map(id, entries))
@@ -297,6 +356,11 @@ class _UpwardSearch:
         self.fallbacks: dict = {key: [] for key in starts}  # roots in the runner's machinery
         self.allowed_notes: dict = {}  # block key -> note of the allowed root found
         self.found_at: dict = {}
+        # Nodes a pass over the whole heap found no referrer for: held from C++ or by an
+        # untracked object (not by garbage: garbage is tracked, and would refer to them).
+        self.no_referrers: set[int] = set()
+        self.hidden: set[int] = set()  # objects with references a frozen pass cannot see
+        self.unexplained: set[int] = set()  # ... that no pass over the whole heap explains
         for key, entries in starts.items():
             down = self.down[key] = {}
             frontier = self.frontiers[key] = []
@@ -312,16 +376,47 @@ class _UpwardSearch:
             for node in frontier:
                 self._check_local_root(key, node, 0)
                 self._check_allowed_root(key, node, 0)
+                self._check_global_value(key, self.nodes[node], node, 0)
+        # While the collector is frozen, a pass sees only the objects made during the check
+        # (cheap). Objects none of those refers to wait ("escapes") until the walk through
+        # new objects is done; then one pass over the whole heap, after a thaw, looks them
+        # up all at once and the walk goes on there.
+        frozen = collector.is_frozen()
+        escapes: dict = defaultdict(list)
         depth = 0
+        whole_heap_levels = 0
         while True:
             active = [key for key in self.frontiers if self._wants_more(key, depth)]
             if not active:
-                return
-            if depth >= self.max_depth or time.monotonic() > self.deadline:
+                waiting = [key for key in escapes if escapes[key] and not self.owners[key]]
+                if not waiting:
+                    return
+                if frozen and self._through_arrays(waiting, escapes, depth + 1):
+                    depth += 1
+                    continue  # numpy arrays made during the check hold some: walk on, still frozen
+                collector.thaw()
+                frozen = False
+                for key in waiting:
+                    self.frontiers[key] = escapes[key]
+                escapes.clear()
+                active = waiting
+            # max_depth bounds the passes over the whole heap; passes over the objects made
+            # during the check are cheap, and paths through them long (a matplotlib figure).
+            if (not frozen and whole_heap_levels >= self.max_depth) or depth >= _MAX_FROZEN_DEPTH \
+                    or time.monotonic() > self.deadline:
                 self.stopped_early = True
                 return
-            union = {node: self.nodes[node] for key in active for node in self.frontiers[key]}
+            whole_heap_levels += 0 if frozen else 1
+            union: dict[int, object] = {}
+            for key in active:
+                for node in self.frontiers[key]:
+                    union[node] = self.nodes[node]
             referrers = self._referrers(union)
+            if frozen:
+                for key in active:
+                    for node in self.frontiers[key]:
+                        if node in self.hidden or not referrers.get(node):
+                            escapes[key].append(node)
             del union
             depth += 1
             for key in active:
@@ -331,6 +426,29 @@ class _UpwardSearch:
                 if key not in active:
                     self.frontiers[key] = []
 
+    def _through_arrays(self, waiting: list, escapes: dict, depth: int) -> bool:
+        """Escaped objects that numpy arrays made during the check view (untracked, so no
+        pass finds them): the arrays become their referrers. True if any was found."""
+        wanted: set[int] = set()
+        for key in waiting:
+            for node in escapes[key]:
+                wanted.add(node)
+        viewers = _untracked_viewers(self.new_objects, wanted) if self.new_objects is not None else {}
+        self.ignore.add(id(viewers))
+        progressed = False
+        for key in waiting:
+            hit: list = []
+            rest: list = []
+            for node in escapes[key]:
+                (hit if node in viewers else rest).append(node)
+            if hit:
+                escapes[key] = rest
+                self.frontiers[key] = hit
+                self.frontiers[key] = self._expand(key, viewers, depth)
+                progressed = True
+        del viewers
+        return progressed
+
     def _wants_more(self, key, depth: int) -> bool:
         if not self.frontiers[key] or len(self.owners[key]) >= self.max_owners:
             return False
@@ -339,32 +457,65 @@ class _UpwardSearch:
         return first is None or depth <= first
 
     def _referrers(self, frontier: dict[int, object]) -> dict[int, list]:
+        """Referrers of the frontier's objects among the objects the collector tracks (only
+        those made during the check while it is frozen)."""
         targets = list(frontier.values())
         ignore = self.ignore | {id(frontier), id(targets)}
         if len(targets) <= _SMALL_FRONTIER:
             candidates = gc.get_referrers(*targets)
         else:
+            # One sweep with a set lookup; the list of every object is made here and dropped
+            # at once (kept on the search, it would hold the search and form a cycle).
             wanted = frontier.keys()
             get_referents = gc.get_referents
-            candidates = [obj for obj in self.objects if not wanted.isdisjoint(map(id, get_referents(obj)))]
-        del targets
+            objects = gc.get_objects()
+            ignore.add(id(objects))
+            candidates = []
+            for obj in objects:
+                if not wanted.isdisjoint(map(id, get_referents(obj))):
+                    candidates.append(obj)
+            del objects
         by_child: dict[int, list] = defaultdict(list)
+        references: dict[int, int] = defaultdict(int)  # from every candidate, the search's own included
         for parent in candidates:
             parent_id = id(parent)
-            if parent_id in ignore or (isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename)):
-                continue
+            own = parent_id in ignore or (
+                isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename))
             for child in gc.get_referents(parent):
                 child_id = id(child)
-                if child_id in frontier and len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
-                    by_child[child_id].append(parent)
+                if child_id in frontier:
+                    references[child_id] += 1
+                    if not own:
+                        if len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
+                            by_child[child_id].append(parent)
+                        else:
+                            self.stopped_early = True  # a referrer was dropped
+            child = None
+        parent = candidates = None
+        del targets
+        self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
         for child_id in frontier:
             by_child[child_id].extend(self.extra_referrers.get(child_id, ()))
         return by_child
 
+    def _note_hidden_references(self, frontier: dict[int, object], references: dict[int, int], into: set) -> None:
+        """Objects whose reference count is higher than the references the pass found. While
+        frozen (``hidden``) they are also held by something older, by C++ or by an untracked
+        object, and the walk looks them up in the whole heap later; after a pass over the
+        whole heap (``unexplained``) they are held from C++, by an untracked object or by a
+        running function's local."""
+        for child_id in frontier:
+            # getrefcount's argument is the one reference not counted among the referrers.
+            if sys.getrefcount(frontier[child_id]) - 1 > references.get(child_id, 0):
+                into.add(child_id)
+
     def _expand(self, key, referrers: dict[int, list], depth: int) -> list[int]:
         down = self.down[key]
         next_frontier = []
+        whole_heap = not collector.is_frozen()
         for child_id in self.frontiers[key]:
+            if whole_heap and not referrers.get(child_id):
+                self.no_referrers.add(child_id)
             for parent in referrers.get(child_id, ()):
                 parent_id = id(parent)
                 if parent_id in down:
@@ -373,11 +524,15 @@ class _UpwardSearch:
                 down[parent_id] = (child_id, (), depth)
                 if self._check_allowed_root(key, parent_id, depth):
                     continue
+                if self._check_global_value(key, parent, parent_id, depth):
+                    continue
                 if self._check_named_root(key, parent, child_id, depth):
                     continue  # a named root: nothing above it makes a better name
                 self._check_local_root(key, parent_id, depth)
                 if len(next_frontier) < _MAX_FRONTIER_PER_BLOCK:
                     next_frontier.append(parent_id)
+                else:
+                    self.stopped_early = True  # a path was dropped: the walk is not exhaustive
         return next_frontier
 
     def _labels_below(self, key, node_id: int) -> list[tuple]:
@@ -407,9 +562,21 @@ class _UpwardSearch:
         root = self.allowed.get(node_id)
         if root is None:
             return False
-        self._add_owner(key, Owner(render_path(root.name, self._labels_below(key, node_id)), "allowed"), depth)
-        self.allowed_notes.setdefault(key, root.note)
+        kind = "allowed" if root.allowed else "global"
+        self._add_owner(key, Owner(render_path(root.name, self._labels_below(key, node_id)), kind), depth)
+        if root.allowed:
+            self.allowed_notes.setdefault(key, root.note)
         return True
+
+    def _check_global_value(self, key, obj, node_id: int, depth: int) -> bool:
+        found = _global_values.lookup(obj)
+        if found is None:
+            return False
+        module_name, name = found
+        runner = _is_runner_module(module_name)
+        self._add_owner(key, Owner(render_path(f"{module_name}.{name}", self._labels_below(key, node_id)), "global"),
+                        depth, runner=runner)
+        return not runner
 
     def _check_local_root(self, key, node_id: int, depth: int) -> None:
         for function, name, location in self.local_roots.by_id.get(node_id, ()):
@@ -455,12 +622,29 @@ class _UpwardSearch:
 
     def unnamed_owner(self, key) -> Owner | None:
         """For a block without a named owner: the path from the outermost object reached."""
-        down = self.down[key]
-        deepest = max(down, key=lambda node: down[node][2])
-        if down[deepest][2] == 0:
+        deepest = self._deepest(key)
+        if self.down[key][deepest][2] == 0:
             return None  # nothing in Python refers to the objects that use the block
         obj = self.nodes[deepest]
         return Owner(render_path(f"<{type(obj).__name__}>", self._labels_below(key, deepest)), "unnamed")
+
+    def held_outside(self, key) -> bool:
+        """True when the walk reached an object held from outside what the collector tracks
+        (no tracked referrer, or more references than tracked referrers)."""
+        deepest = self._deepest(key)
+        return self.down[key][deepest][2] > 0 and (deepest in self.no_referrers or deepest in self.unexplained)
+
+    def _deepest(self, key) -> int:
+        """The outermost object reached, preferring one held from outside the tracked heap."""
+        down = self.down[key]
+        deepest = None
+        outside = self.no_referrers | self.unexplained
+        for node, (_, _, depth) in down.items():  # a loop, not max(key=lambda): no closure cell
+            # The start objects' counts include the search's own variables: never "outside".
+            rank = (depth > 0 and node in outside, depth)
+            if deepest is None or rank > (down[deepest][2] > 0 and deepest in outside, down[deepest][2]):
+                deepest = node
+        return deepest
 
 
 def _is_runner_module(name: str) -> bool:
@@ -483,12 +667,17 @@ def _untracked_viewers(objects: list, wanted: set[int]) -> dict[int, list]:
     if numpy is None or not wanted:
         return {}
     ndarray = numpy.ndarray
+    array_types = {ndarray, *ndarray.__subclasses__()}
     viewers: dict[int, list] = defaultdict(list)
     seen: set[int] = set()
     chunk = 4096
     for start in range(0, len(objects), chunk):
-        for child in gc.get_referents(*objects[start:start + chunk]):
-            if issubclass(type(child), ndarray) and id(child) not in seen:
+        referents = gc.get_referents(*objects[start:start + chunk])
+        # Filtered in C (map, compress): the heap has millions of references.
+        arrays = list(itertools.compress(referents, map(array_types.__contains__, map(type, referents))))
+        del referents
+        for child in arrays:
+            if id(child) not in seen:
                 seen.add(id(child))
                 viewer, base = child, child.base
                 while base is not None:
@@ -506,6 +695,11 @@ def _untracked_viewers(objects: list, wanted: set[int]) -> dict[int, list]:
 _NO_PYTHON_OBJECT = (
     "no Python object uses this block: it is held from C++ (a TorchScript module, an autograd graph no Python "
     "object reaches, a C++ extension or cache)"
+)
+_UNREFERRED = (
+    "the outermost object reached, a {type}, is referred to by no object Python's collector tracks: it is held "
+    "from C++ (TorchScript keeps the functions and modules it compiled; an autograd graph, a C++ extension) or "
+    "by an untracked object"
 )
 _HIDDEN = (
     "the tensors using it are held from outside the objects Python's collector tracks: from C++ (a TorchScript "
@@ -551,11 +745,16 @@ def find_owners(
         for key, entries in starts.items():
             for obj, suffix in entries:
                 targets[id(obj)].append((key, suffix))
-        roots = [(root.name, "allowed", None, root.note, root.obj) for root in allowed.values()]
+        obj = None  # a loop variable would be a reference the walk cannot explain
+        roots = [
+            (root.name, "allowed" if root.allowed else "global", None, root.note if root.allowed else None, root.obj)
+            for root in allowed.values()
+        ]
         roots += [(name, "local", location, None, value) for name, location, value in local_roots.values]
         skip = ignore | {id(targets), id(roots), id(local_roots.values)}
         found = _downward(roots, targets, budget=node_budget, deadline=deadline, skip=skip)
         del roots
+        local_roots.values.clear()  # the locals' values: needed no more, and not to be found as holders
         for key, owners in found.items():
             for owner, note in owners[:max_owners]:
                 result.owners[key].append(owner)
@@ -566,15 +765,15 @@ def find_owners(
         # 2. Up from the rest, one heap pass per level.
         rest = {key: entries for key, entries in starts.items() if not result.owners[key]}
         if rest:
-            collector.thaw()
-            if len(objects) < len(gc.get_objects()):
-                objects = gc.get_objects()
             _walk_up(rest, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners)
         # 3. What the walk cannot see, for blocks still without a named owner.
         stuck = [key for key in index.keys if not _named(result.owners[key])]
         if stuck:
             _explain(stuck, starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners)
-        result.unnamed = {key for key in index.keys if not _named(result.owners[key])}
+        result.unnamed = {
+            key for key in index.keys
+            if not _named(result.owners[key]) and key not in result.held_outside and key in starts
+        }
         return result
     finally:
         del objects
@@ -589,6 +788,7 @@ def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, d
     search = _UpwardSearch(
         starts, objects, local_roots, ignore, allowed, max_depth=max_depth, deadline=deadline,
         max_owners=max_owners, extra_referrers=extra_referrers,
+        new_objects=objects if collector.is_frozen() else None,
     )
     search.run()
     result.stopped_early |= search.stopped_early
@@ -597,6 +797,10 @@ def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, d
         if not owners:
             fallback = search.unnamed_owner(key)
             owners = [fallback] if fallback is not None else []
+            if fallback is not None and search.held_outside(key):
+                # The outermost object is held from outside what the collector tracks.
+                result.notes[key] = _UNREFERRED.format(type=fallback.path.split(">", 1)[0].lstrip("<"))
+                result.held_outside.add(key)
         result.owners[key] = owners
         if owners and all(owner.kind == "allowed" for owner in owners):
             result.allowed[key] = search.allowed_notes[key]
@@ -605,10 +809,20 @@ def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, d
 def _explain(stuck, starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners) -> None:
     """Holders the upward walk cannot see: numpy arrays viewing the tensors (untracked by
     the collector), TorchScript modules (C++), and otherwise a note saying so."""
-    index = BlockIndex([(key[0], key[1], 1) for key in stuck])
-    scripted = script_module_starts(index, objects)
-    wanted = {id(obj) for key in stuck for obj, _ in starts.get(key, ())}
-    viewers = _untracked_viewers(objects, wanted)
+    # TorchScript modules hold tensors in C++; when Python tensor objects use the block the
+    # walk above already went through them, so look in the modules only for the others.
+    unused = [key for key in stuck if key not in starts]
+    # Only a start object no tracked object refers to can be held by an untracked array
+    # (an array's .base is the tensor itself); the sweep is a pass over every referent.
+    wanted = {id(obj) for key in stuck if not result.owners[key] for obj, _ in starts.get(key, ())}
+    scripted: dict = {}
+    viewers: dict = {}
+    if unused or wanted:
+        collector.thaw()
+        objects = gc.get_objects()
+        if unused:
+            scripted = script_module_starts(BlockIndex([(key[0], key[1], 1) for key in unused]), objects)
+        viewers = _untracked_viewers(objects, wanted)
     retry: dict = {}
     for key in stuck:
         entries = list(scripted.get(key, ()))

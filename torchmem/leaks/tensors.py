@@ -243,9 +243,9 @@ def script_module_starts(index: BlockIndex, objects: Iterable) -> dict:
     if not types_ or not len(index):
         return found
     script_type = types_[0]
-    for obj in objects:
-        if not issubclass(type(obj), script_type):  # type(): some proxies warn when asked for __class__
-            continue
+    # type(), not isinstance(): some proxies warn when asked for __class__; one check per type.
+    wanted = {cls for cls in set(map(type, objects)) if issubclass(cls, script_type)}
+    for obj in [obj for obj in objects if type(obj) in wanted]:
         for name, tensor in _script_tensors(obj):
             key = _tensor_block(index, tensor)
             if key is not None and all(start is not obj for start, _ in found[key]):
