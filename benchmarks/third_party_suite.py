@@ -119,7 +119,7 @@ def run_suite(args, mode: str) -> Run:
             command += args.torchmem_args
         command += args.pytest_args + args.paths
         env = dict(os.environ)
-        env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = args.repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         load_before = _load()
         usage_before = os.times()
         start = time.perf_counter()
@@ -225,6 +225,9 @@ def main(argv=None) -> int:
                         help="an extra pytest argument for the plugin runs only (repeatable)")
     parser.add_argument("--show-reports", type=int, default=20, help="failures printed with their report")
     parser.add_argument("--json", help="also write the figures as JSON here")
+    parser.add_argument("--repo", default=REPO,
+                        help="the torchmem checkout (built in place) the plugin runs come from; default this one "
+                             "(another worktree measures an older version with the same script)")
     parser.add_argument("pytest_args", nargs="*", default=[], help=argparse.SUPPRESS)
     if argv is None:
         argv = sys.argv[1:]
@@ -235,9 +238,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.pytest_args = extra
     args.checkout = os.path.abspath(args.checkout)
+    args.repo = os.path.abspath(args.repo)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    print(f"checkout {args.checkout}; tests {' '.join(args.paths)}; device {args.device}; "
+    print(f"torchmem {args.repo}; checkout {args.checkout}; tests {' '.join(args.paths)}; device {args.device}; "
           f"{args.repeat} A/B pair(s); python {sys.version.split()[0]}; cores {os.cpu_count()}")
     runs = []
     for repetition in range(args.repeat):

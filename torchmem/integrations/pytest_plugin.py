@@ -333,18 +333,25 @@ def _make_check(options: CheckOptions):
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Installs torchmem for CUDA before any test runs if a collected test checks CUDA."""
+    """Installs torchmem for CUDA before any test runs if a collected test checks CUDA, and
+    indexes module globals for the owner search if any test is checked."""
     # While it is still possible: a CUDA install after CUDA initialization fails.
+    checked = False
     for item in items:
         try:
             options = _options_for(item)
         except MarkerError:
             continue  # fails that test when it runs
+        checked = checked or options.enabled
         if options.enabled and options.device.startswith("cuda"):
             try:
                 _install(options.device, where=f"for {item.nodeid}")
             except pytest.UsageError:
                 continue  # fails that test, with the explanation, when it runs
+    if checked:
+        from torchmem.leaks import owners
+
+        owners.warm_up()  # once, now that the test modules are imported
 
 
 @pytest.fixture
