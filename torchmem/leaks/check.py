@@ -46,7 +46,7 @@ from torchmem.stacks import capture as stack_capture
 from torchmem import _C
 from torchmem._support.units import parse_bytes
 from torchmem._support.files import short_path
-from torchmem.leaks.classify import UNTAGGED, Classifier
+from torchmem.leaks.classify import Classifier
 from torchmem.leaks.report import Finding, LeakError, LeakReport
 
 __all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding"]

@@ -342,8 +342,7 @@ class _UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
     def __init__(self, starts: dict, objects: list, local_roots: _LocalRoots, ignore: set, allowed: dict, *,
-                 max_depth: int, deadline: float, max_owners: int, extra_referrers: dict | None = None,
-                 new_objects: list | None = None):
+                 max_depth: int, deadline: float, max_owners: int, new_objects: list | None = None):
         self.new_objects = new_objects  # the objects made during the check, while frozen
         self.nodes: dict[int, object] = {}
         # The search's own containers refer to the objects it visits; they are never holders.
@@ -353,7 +352,6 @@ class _UpwardSearch:
             self.ignore.update(map(id, entries))
         self.local_roots = local_roots
         self.allowed = allowed  # id(object) -> AllowedRoot
-        self.extra_referrers = extra_referrers or {}  # id(child) -> [untracked parents]
         self.max_depth = max_depth
         self.deadline = deadline
         self.max_owners = max_owners
@@ -501,8 +499,6 @@ class _UpwardSearch:
         parent = candidates = None
         del targets
         self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
-        for child_id in frontier:
-            by_child[child_id].extend(self.extra_referrers.get(child_id, ()))
         return by_child
 
     def _note_hidden_references(self, frontier: dict[int, object], references: dict[int, int], into: set) -> None:
@@ -790,12 +786,10 @@ def _named(owners: list) -> bool:
     return any(owner.kind != "unnamed" for owner in owners)
 
 
-def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners,
-             extra_referrers=None) -> None:
+def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners) -> None:
     search = _UpwardSearch(
         starts, objects, local_roots, ignore, allowed, max_depth=max_depth, deadline=deadline,
-        max_owners=max_owners, extra_referrers=extra_referrers,
-        new_objects=objects if collector.is_frozen() else None,
+        max_owners=max_owners, new_objects=objects if collector.is_frozen() else None,
     )
     search.run()
     result.stopped_early |= search.stopped_early
