@@ -18,8 +18,10 @@ which goes first (A/B, then B/A): plain ``python -m pytest`` and
 - the time ratio (torchmem / plain): the whole process (wall and CPU time) and the summed
   call phases of the tests that pass both ways (what a clean test pays);
 - the analysis time per failing test: the plugin's own measurement (the
-  ``torchmem_analysis_ms`` property it records in the JUnit XML) and the difference of
-  the test's call phase with and without the plugin (available for any version).
+  ``torchmem_analysis_ms`` and ``torchmem_analysis_cpu_ms`` properties it records in the
+  JUnit XML: wall time, and the analysing thread's CPU time, which the machine's load
+  affects less) and the difference of the test's call phase with and without the plugin
+  (available for any version).
 
 Timings are medians over repetitions, with the load average before and after each run:
 the machine may be shared, so compare CPU times and repeat. It is a benchmark: it
@@ -187,6 +189,9 @@ def summarize(runs: list[Run], show_reports: int) -> dict:
     own = [float(result.properties["torchmem_analysis_ms"]) / 1000.0
            for run in checked for test in torchmem_failures
            if (result := run.tests.get(test)) is not None and "torchmem_analysis_ms" in result.properties]
+    own_cpu = [float(result.properties["torchmem_analysis_cpu_ms"]) / 1000.0
+               for run in checked for test in torchmem_failures
+               if (result := run.tests.get(test)) is not None and "torchmem_analysis_cpu_ms" in result.properties]
     differences = []
     for test in torchmem_failures:
         plain_call = _median([run.tests[test].call_seconds for run in plain if test in run.tests])
@@ -198,7 +203,8 @@ def summarize(runs: list[Run], show_reports: int) -> dict:
     print(f"  whole process: wall {wall_ratio:.3f}x, cpu {cpu_ratio:.3f}x")
     print(f"  call phases of the {len(clean)} tests that pass both ways: {calls_ratio:.3f}x")
     print(f"  analysis per failing test: {_ms(_median(own))} median (plugin's figure, {len(own)} samples, "
-          f"max {_ms(max(own) if own else None)}); call-phase difference {_ms(_median(differences))} median")
+          f"max {_ms(max(own) if own else None)}; CPU {_ms(_median(own_cpu))} median); "
+          f"call-phase difference {_ms(_median(differences))} median")
     return {
         "runs": [{"mode": run.mode, "passed": run.count("passed"), "failed": run.count("failed"),
                   "error": run.count("error"), "skipped": run.count("skipped"), "wall_s": run.wall_seconds,
@@ -209,6 +215,7 @@ def summarize(runs: list[Run], show_reports: int) -> dict:
         "wall_ratio": wall_ratio, "cpu_ratio": cpu_ratio, "clean_call_ratio": calls_ratio,
         "analysis_ms_median": None if not own else 1000 * _median(own),
         "analysis_ms_max": None if not own else 1000 * max(own),
+        "analysis_cpu_ms_median": None if not own_cpu else 1000 * _median(own_cpu),
         "call_difference_ms_median": None if not differences else 1000 * _median(differences),
     }
 

@@ -369,4 +369,4 @@ def test_the_junit_xml_records_what_a_check_found_and_its_analysis_time(pytester
 
     xml = (pytester.path / "junit.xml").read_text()
     assert 'name="torchmem_leaked_bytes" value="0"' in xml
-    assert 'name="torchmem_analysis_ms"' in xml
+    assert 'name="torchmem_analysis_ms"' in xml and 'name="torchmem_analysis_cpu_ms"' in xml

@@ -398,6 +398,7 @@ def pytest_runtest_call(item):
         # In JUnit XML (--junitxml) and to other plugins: what the check found and what it cost.
         item.user_properties.append(("torchmem_leaked_bytes", report.leaked_bytes))
         item.user_properties.append(("torchmem_analysis_ms", round(report.analysis_seconds * 1000, 3)))
+        item.user_properties.append(("torchmem_analysis_cpu_ms", round(report.analysis_cpu_seconds * 1000, 3)))
     if check.report.exceeds_limit:
         pytest.fail(f"{check.report.render()}\n{_HINT}", pytrace=False)
     return result

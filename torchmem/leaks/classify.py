@@ -38,11 +38,12 @@ class Classifier:
         self.engines: dict[str, object] = {}
 
     def run(self) -> None:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         try:
             self._run()
         finally:
             self.report.analysis_seconds = time.perf_counter() - started
+            self.report.analysis_cpu_seconds = time.thread_time() - started_cpu
 
     def _run(self) -> None:
         candidates = []  # (device, block) still allocated at scope end and not allowed
