@@ -236,6 +236,9 @@ class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check i
             "warmup": local.warmup,
             "capture_stacks": local.capture_stacks,
             "max_leaked_bytes": local.max_leaked_bytes,
+            "cycles": getattr(local, "cycles", None),
+            "cycle_repeats": getattr(local, "cycle_repeats", None),
+            "allow_held_by": sorted(root.name for root in getattr(local, "allowed_roots", ())),
             # device types, not indices: rank r checking cuda:r is the same check
             "devices": None if local.devices is None else sorted({name.split(":")[0] for name in local.devices}),
         }

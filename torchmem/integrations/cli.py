@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto = CPU tensors, and CUDA tensors too when a device is available (default)",
     )
-    demo.add_argument("--steps", type=int, default=6, help="training steps per loop (default 6; 3 to 100)")
+    demo.add_argument("--steps", type=int, default=10, help="training steps per loop (default 10; 3 to 100)")
     return parser
 
 

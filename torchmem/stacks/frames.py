@@ -87,6 +87,9 @@ def _known_locations() -> tuple[tuple[tuple[str, str], ...], dict[str, str]]:
             for location in (spec.submodule_search_locations or []) if spec else []:
                 prefixes.append((normalize(location) + os.sep, origin_name))
     prefixes.append((normalize(os.path.dirname(importlib.util.__file__)) + os.sep, RUNNER))
+    # The demo (python -m torchmem demo) plays the user: its training loop is what it shows.
+    files[normalize(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations",
+                                 "demo.py"))] = USER
     for name in _RUNNER_MODULES:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin and os.path.isabs(spec.origin):
