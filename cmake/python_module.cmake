@@ -48,7 +48,9 @@ if(TARGET torchmem_cuda_backend)
   target_compile_definitions(torchmem_torch_glue PUBLIC TORCHMEM_WITH_CUDA=1)
 endif()
 
-file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.cc)
+# The *.c files are the per-version CPython frame walkers (frame_walk.h).
+file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.cc
+     ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.c)
 pybind11_add_module(_C MODULE ${TORCHMEM_PYTHON_SOURCES})
 target_link_libraries(_C PRIVATE torchmem_torch_glue)
 # CPython's internal frame layout (pycore_frame.h) for GIL-free stack capture.
