@@ -166,10 +166,18 @@ def cmd_runtime(args):
            "",
            "// NOLINTBEGIN",
            'extern "C" {']
+    # Names the headers #define to another call (CUDA 12: cudaGetDeviceProperties
+    # -> cudaGetDeviceProperties_v2) whose old export the library keeps: the
+    # stub of the old symbol must not be renamed by the macro.
+    macros = set(re.findall(r"^#define (\w+)", preprocess(
+        args.cc, args.include, ["cuda_runtime_api.h", "cuda_profiler_api.h"], macros_only=True),
+        re.M))
     problems = []
     for name in exports:
         if name in implemented:
             continue
+        if name in macros:
+            out.append("#undef %s" % name)
         decl = find_declaration(text, name)
         if decl:
             ret, params = decl

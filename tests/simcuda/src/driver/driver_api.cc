@@ -236,6 +236,7 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
   return *text != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+#if CUDA_VERSION >= 12090  // the driver's log callbacks are new in CUDA 12.9
 // Driver log callbacks (torch registers one to enrich error messages): the
 // simulated driver never logs, so registration only hands out a handle.
 CUresult cuLogsRegisterCallback(CUlogsCallback callback, void* user_data,
@@ -251,6 +252,7 @@ CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle handle) {
   SIMCUDA_DRIVER_ENTER();
   return handle == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
+#endif
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** function, int cuda_version,
                              cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
