@@ -26,7 +26,7 @@ What is checked, and when:
 * live bytes do not drift: after the warm-up epochs, ``allocated_bytes.all.current``
   at the end of every epoch equals its value at the end of warm-up;
 * torchmem's own bookkeeping stays bounded: interned stacks, distinct frames, code
-  objects held and bytes of the stack table (``torchmem._stack.stats()``), the tags the
+  objects held and bytes of the stack table (``torchmem.stacks.capture.stats()``), the tags the
   engine tracks, and the process's RSS (growth after warm-up within ``--rss-bound``);
 * every leak check after the first (which sees Adam create its state) finds nothing,
   and the growth monitor reports no growing tag or site.
@@ -47,8 +47,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import torchmem
-from torchmem import _C, _stack
-from torchmem._leak_format import format_bytes
+from torchmem.stacks import capture as stack_capture
+from torchmem.stacks import frames as stack_frames
+from torchmem import _C
+from torchmem._support.units import format_bytes
 
 FEATURES = 32
 CLASSES = 10
@@ -145,7 +147,7 @@ def stats_mismatches(engine) -> list[str]:
 
 def bookkeeping(engine) -> dict[str, int]:
     """The size of torchmem's own bookkeeping and of the process, now."""
-    stacks = _stack.stats()
+    stacks = stack_capture.stats()
     memory = torchmem.rss_report(children=False).main
     return {
         "stacks_interned_total": stacks["stacks_interned_total"],  # = the newest stack's id
@@ -345,7 +347,7 @@ def late_stacks(at_warmup: dict, at_end: dict, limit: int = 8) -> list[str]:
     first, last = at_warmup.get("stacks_interned_total", 0) + 1, at_end.get("stacks_interned_total", 0)
     out = []
     for context in range(first, min(last, first + limit - 1) + 1):
-        frames = _stack.frames(context)[:3]
+        frames = stack_frames.frames(context)[:3]
         out.append(" <- ".join(f"{frame.filename.rsplit('/', 1)[-1]}:{frame.line} {frame.name}" for frame in frames))
     if last - first + 1 > limit:
         out.append(f"... and {last - first + 1 - limit} more")

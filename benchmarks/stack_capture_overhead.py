@@ -80,14 +80,15 @@ def measure(depths: list[int], rounds: int, iterations: int) -> dict:
     import torch
 
     import torchmem
-    from torchmem import _C, _stack
+    from torchmem.stacks import capture as stack_capture
+    from torchmem import _C
 
     torch.set_num_threads(1)
     torchmem.install("cpu")
     samples: dict[tuple[int, bool], list[float]] = {}
     frame_counts: dict[int, int] = {}
     for depth in depths:  # warm the cache and intern each depth's stack
-        with _stack.capturing():
+        with stack_capture.capturing():
             at_depth(depth, timed_loop, 1000)
         at_depth(depth, timed_loop, 1000)
     for round_index in range(rounds):
@@ -95,16 +96,16 @@ def measure(depths: list[int], rounds: int, iterations: int) -> dict:
         order = (False, True) if round_index % 2 == 0 else (True, False)
         for depth in depths:
             for capture in order:
-                with _stack.capturing() if capture else contextlib.nullcontext():
+                with stack_capture.capturing() if capture else contextlib.nullcontext():
                     ns, frame_counts[depth] = at_depth(depth, timed_loop, iterations)
                 samples.setdefault((depth, capture), []).append(ns)
     first = {False: [], True: []}
     for round_index in range(3):
         for capture in (False, True):
-            with _stack.capturing() if capture else contextlib.nullcontext():
+            with stack_capture.capturing() if capture else contextlib.nullcontext():
                 first[capture].append(first_sight(500))
     stats = _C.capture_stats()
-    _stack.prune(lambda: [b["context"] for b in _C.cpu_engine().allocated_blocks()])
+    stack_capture.prune(lambda: [b["context"] for b in _C.cpu_engine().allocated_blocks()])
     return {
         "samples": samples,
         "frames": frame_counts,

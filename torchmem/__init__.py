@@ -13,7 +13,16 @@
     torchmem.memory_stats()             # torch.cuda.memory_stats() keys
     torchmem.tag_stats(); torchmem.fragmentation(); torchmem.summary(); torchmem.snapshot()
 
-Public names are loaded on first use, so ``import torchmem`` stays cheap.
+Public names are loaded on first use, so ``import torchmem`` stays cheap. The public API
+is the names listed here; the subpackages are its implementation:
+
+    runtime/       installing into PyTorch, the engine per device, tags, statistics
+    stacks/        capturing allocation stacks, and whose code each frame is
+    leaks/         leak checks, their reports, the owner search, growth across steps
+    reports/       summary() and snapshots in PyTorch's format
+    host/          resident set size per process (DataLoader workers included)
+    integrations/  the pytest plugin, ``python -m torchmem`` (run, demo), DataLoader workers
+    _support/      small helpers shared by all of the above
 """
 
 from __future__ import annotations
@@ -27,47 +36,47 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     # installing
-    "install": "torchmem._install",
-    "uninstall": "torchmem._install",
-    "is_installed": "torchmem._install",
+    "install": "torchmem.runtime.install",
+    "uninstall": "torchmem.runtime.install",
+    "is_installed": "torchmem.runtime.install",
     # attribution
-    "tag": "torchmem._tags",
-    "current_tag": "torchmem._tags",
+    "tag": "torchmem.runtime.tags",
+    "current_tag": "torchmem.runtime.tags",
     # statistics
-    "memory_stats": "torchmem._stats",
-    "memory_allocated": "torchmem._stats",
-    "max_memory_allocated": "torchmem._stats",
-    "memory_reserved": "torchmem._stats",
-    "max_memory_reserved": "torchmem._stats",
-    "reset_peak_memory_stats": "torchmem._stats",
-    "reset_accumulated_memory_stats": "torchmem._stats",
-    "tag_stats": "torchmem._stats",
-    "fragmentation": "torchmem._stats",
-    "empty_cache": "torchmem._stats",
-    "set_memory_limit": "torchmem._stats",
+    "memory_stats": "torchmem.runtime.stats",
+    "memory_allocated": "torchmem.runtime.stats",
+    "max_memory_allocated": "torchmem.runtime.stats",
+    "memory_reserved": "torchmem.runtime.stats",
+    "max_memory_reserved": "torchmem.runtime.stats",
+    "reset_peak_memory_stats": "torchmem.runtime.stats",
+    "reset_accumulated_memory_stats": "torchmem.runtime.stats",
+    "tag_stats": "torchmem.runtime.stats",
+    "fragmentation": "torchmem.runtime.stats",
+    "empty_cache": "torchmem.runtime.stats",
+    "set_memory_limit": "torchmem.runtime.stats",
     # leaks and growth
-    "leak_check": "torchmem._leak",
-    "expect_alive": "torchmem._leak",
-    "LeakError": "torchmem._leak",
-    "LeakReport": "torchmem._leak",
-    "Finding": "torchmem._leak",
-    "GrowthMonitor": "torchmem._growth",
-    "GrowthReport": "torchmem._growth",
+    "leak_check": "torchmem.leaks.check",
+    "expect_alive": "torchmem.leaks.check",
+    "LeakError": "torchmem.leaks.check",
+    "LeakReport": "torchmem.leaks.check",
+    "Finding": "torchmem.leaks.check",
+    "GrowthMonitor": "torchmem.leaks.growth",
+    "GrowthReport": "torchmem.leaks.growth",
     # host RAM per process (RSS: private, shared, file-backed)
-    "rss_report": "torchmem._rss",
-    "rss_delta": "torchmem._rss",
-    "RssReport": "torchmem._rss",
-    "RssDelta": "torchmem._rss",
-    "RssMonitor": "torchmem._rss",
+    "rss_report": "torchmem.host.rss",
+    "rss_delta": "torchmem.host.rss",
+    "RssReport": "torchmem.host.rss",
+    "RssDelta": "torchmem.host.rss",
+    "RssMonitor": "torchmem.host.rss",
     # DataLoader workers
-    "worker_init_fn": "torchmem._workers",
+    "worker_init_fn": "torchmem.integrations.workers",
     # stacks and history
-    "record_history": "torchmem._stack",
+    "record_history": "torchmem.stacks.capture",
     # reports
-    "summary": "torchmem._summary",
-    "snapshot": "torchmem._snapshot",
-    "dump_snapshot": "torchmem._snapshot",
-    "record_trace": "torchmem._snapshot",
+    "summary": "torchmem.reports.summary",
+    "snapshot": "torchmem.reports.snapshot",
+    "dump_snapshot": "torchmem.reports.snapshot",
+    "record_trace": "torchmem.reports.snapshot",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,8 +1,8 @@
-"""``python -m torchmem``: see :mod:`torchmem._cli` (``run`` a script under torchmem, or the ``demo``)."""
+"""``python -m torchmem``: see :mod:`torchmem.integrations.cli` (``run`` a script under torchmem, or the ``demo``)."""
 
 import sys
 
-from torchmem._cli import main
+from torchmem.integrations.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -118,7 +118,7 @@ def test_snapshot_option_writes_a_snapshot_memory_viz_accepts(typical):
     model_line = line_number(script, "torch.nn.Linear(256, 256)")
     stacks = [entry["frames"] for entry in allocs]
     assert any(frames[-1] == {"filename": script, "line": model_line, "name": "<module>"} for frames in stacks)
-    assert not any("_cli.py" in frame["filename"] for frames in stacks for frame in frames)
+    assert not any("torchmem/integrations/cli.py" in frame["filename"] for frames in stacks for frame in frames)
 
 
 def test_json_option_writes_the_summary_and_the_leak_findings(typical):
@@ -216,7 +216,7 @@ def test_an_uncaught_exception_prints_the_scripts_traceback_and_exits_1(tmp_path
     assert f'File "{script}", line 6, in <module>' in result.stderr
     assert f'File "{script}", line 4, in fail' in result.stderr
     assert "ValueError: boom" in result.stderr
-    assert "_cli.py" not in result.stderr  # torchmem's runner is not part of the script's traceback
+    assert "integrations/cli.py" not in result.stderr  # torchmem's runner is not part of the script's traceback
     assert "exited with code 1" in result.stderr
 
 

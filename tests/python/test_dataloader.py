@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader
 import torchmem
 from dataloader_helpers import ProbeDataset, make_model, train_step
 from leak_helpers import torchmem_cpu  # noqa: F401  (autouse: torchmem serves CPU tensors)
-from torchmem import _C, _stack
+from torchmem.stacks import capture as stack_capture
+from torchmem import _C
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "simcuda"))
@@ -388,7 +389,7 @@ def test_repeated_forks_while_a_thread_hammers_the_allocator_give_children_that_
     torchmem.tag, torchmem.leak_check  # noqa: B018
     thread = threading.Thread(target=hammer, daemon=True)
     outcomes = []
-    with _stack.capturing():
+    with stack_capture.capturing():
         thread.start()
         while iterations[0] == 0 and thread.is_alive():
             time.sleep(0.001)

@@ -14,7 +14,10 @@ import pytest
 import torch
 
 import torchmem
-from torchmem import _install, _leak, _snapshot, _stack
+from torchmem.runtime import install as _install
+from torchmem.leaks import check as _leak
+from torchmem.reports import snapshot as _snapshot
+from torchmem.stacks import capture as stack_capture
 
 
 def child_finishes(lock, work) -> str:
@@ -57,7 +60,7 @@ def check_leaks():
     [
         (_leak._open_checks_lock, check_leaks),
         (_install._lock, lambda: torchmem.install("cpu")),
-        (_stack._history_lock, lambda: torchmem.record_history(True)),
+        (stack_capture._history_lock, lambda: torchmem.record_history(True)),
         (_snapshot._trace_lock, lambda: torchmem.record_trace(10)),
     ],
     ids=["leak_check", "install", "record_history", "record_trace"],

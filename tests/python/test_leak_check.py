@@ -11,9 +11,9 @@ import torch
 import torchmem
 from leak_helpers import block_of, collector_paused, line_of, owner_paths, site_of, torchmem_cpu  # noqa: F401
 from torchmem import _C
-from torchmem._leak import _OpenCheck
-from torchmem._leak_classify import Classifier, still_allocated
-from torchmem._leak_report import LeakReport
+from torchmem.leaks.check import _OpenCheck
+from torchmem.leaks.classify import Classifier, still_allocated
+from torchmem.leaks.report import LeakReport
 
 KEPT: list = []
 
@@ -413,8 +413,9 @@ def test_a_site_deep_in_installed_packages_also_names_where_the_users_code_calle
     # its first frames and then the user's own line that called into it.
     import torchmetrics
 
-    from torchmem._leak_report import Finding, _stack_lines
-    from torchmem._stack import Frame
+    from torchmem.leaks.render import _stack_lines
+    from torchmem.leaks.report import Finding
+    from torchmem.stacks.frames import Frame
 
     library = torchmetrics.__file__
     frames = tuple(Frame(library, line, f"inner{line}") for line in (10, 20, 30, 40, 50)) + (

@@ -1,4 +1,4 @@
-"""torchmem._owners: from a block to the named objects that hold it."""
+"""torchmem.leaks.owners: from a block to the named objects that hold it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import gc
 import torch
 
 from leak_helpers import block_triple, collector_paused, torchmem_cpu  # noqa: F401
-from torchmem import _owners
-from torchmem._leak_paths import render_path
+from torchmem.leaks import owners as _owners
+from torchmem.leaks.paths import render_path
 
 GLOBAL_CACHE: dict = {}
 Pair = collections.namedtuple("Pair", "left right")

@@ -1,6 +1,6 @@
 """The torchmem pytest plugin, run in fresh pytest subprocesses (clean allocator state).
 
-Each run loads the plugin with ``-p torchmem.pytest_plugin`` (the checkout is not
+Each run loads the plugin with ``-p torchmem.integrations.pytest_plugin`` (the checkout is not
 installed, so its ``pytest11`` entry point is not registered) and with plugin autoloading
 off, so only pytest and torchmem take part.
 """
@@ -16,7 +16,7 @@ import pytest
 # Imported here, not first inside an in-process pytester run: such a run unloads the modules
 # it imported when it ends, and importing torch a second time into one process crashes.
 import torchmem
-from torchmem import pytest_plugin
+from torchmem.integrations import pytest_plugin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,7 +57,7 @@ def run_pytest(pytester, monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
     def run(*args):
-        return pytester.runpytest_subprocess("-p", "torchmem.pytest_plugin", "-p", "no:cacheprovider", *args)
+        return pytester.runpytest_subprocess("-p", "torchmem.integrations.pytest_plugin", "-p", "no:cacheprovider", *args)
 
     return run
 
@@ -228,6 +228,6 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as file:
         project = tomllib.load(file)["project"]
 
-    assert project["entry-points"]["pytest11"] == {"torchmem": "torchmem.pytest_plugin"}
-    assert importlib.import_module("torchmem.pytest_plugin") is pytest_plugin
+    assert project["entry-points"]["pytest11"] == {"torchmem": "torchmem.integrations.pytest_plugin"}
+    assert importlib.import_module("torchmem.integrations.pytest_plugin") is pytest_plugin
     assert callable(pytest_plugin.pytest_addoption) and callable(pytest_plugin.pytest_runtest_call)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 import torchmem
 from dataloader_helpers import GrowingDataset
 from leak_helpers import torchmem_cpu  # noqa: F401  (autouse: torchmem serves CPU tensors)
-from torchmem import _rss
+from torchmem.host import rss as _rss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20

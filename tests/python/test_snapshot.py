@@ -21,7 +21,8 @@ import torch
 import torch.cuda._memory_viz as memory_viz
 
 import torchmem
-from torchmem import _snapshot, _stack
+from torchmem.reports import snapshot as _snapshot
+from torchmem.stacks import capture as stack_capture
 
 SEGMENT_KEYS = {
     "device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
@@ -140,11 +141,11 @@ def test_a_live_tensor_is_an_active_allocated_block_with_its_requested_size():
 
 
 def test_blocks_carry_the_python_stack_that_allocated_them_when_history_is_recorded():
-    _stack.record_history(True)
+    stack_capture.record_history(True)
     try:
         tensor = allocate(2000)
     finally:
-        _stack.record_history(False)
+        stack_capture.record_history(False)
     frames = block_for(torchmem.snapshot(), tensor)["frames"]
 
     assert frames[0] == {"filename": __file__, "line": line_of("allocate"), "name": "allocate"}
@@ -229,11 +230,11 @@ def test_an_out_of_memory_event_carries_device_free_instead_of_an_address():
 
 
 def test_record_trace_turns_stack_capture_on_and_off_again():
-    assert not _stack.is_recording_history()
+    assert not stack_capture.is_recording_history()
     _snapshot.record_trace(10)
-    assert _stack.is_recording_history()
+    assert stack_capture.is_recording_history()
     _snapshot.record_trace(0)
-    assert not _stack.is_recording_history()
+    assert not stack_capture.is_recording_history()
 
 
 def test_record_trace_without_stacks_records_events_without_frames():
@@ -242,18 +243,18 @@ def test_record_trace_without_stacks_records_events_without_frames():
     allocate(100)
     (trace,) = torchmem.snapshot()["device_traces"]
 
-    assert not _stack.is_recording_history()
+    assert not stack_capture.is_recording_history()
     assert [entry["frames"] for entry in trace if entry["action"] == "alloc"] == [[]]
 
 
 def test_record_trace_leaves_history_the_user_turned_on_alone():
-    _stack.record_history(True)
+    stack_capture.record_history(True)
     try:
         _snapshot.record_trace(10)
         _snapshot.record_trace(0)
-        assert _stack.is_recording_history()
+        assert stack_capture.is_recording_history()
     finally:
-        _stack.record_history(False)
+        stack_capture.record_history(False)
 
 
 # --- rendering with torch.cuda._memory_viz --------------------------------------------------------

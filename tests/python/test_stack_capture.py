@@ -19,8 +19,11 @@ import pytest
 import torch
 
 import torchmem
-from torchmem import _C, _stack
-from torchmem._stack import Frame, capturing, frames, is_internal, is_marker, user_first
+from torchmem.stacks import capture as stack_capture
+from torchmem.stacks import frames as stack_frames
+from torchmem import _C
+from torchmem.stacks.capture import capturing
+from torchmem.stacks.frames import Frame, frames, is_internal, is_marker, user_first
 
 HERE = os.path.abspath(__file__)
 
@@ -39,7 +42,7 @@ def capture_balanced():
     """Every test starts and ends with capture off (requests balanced)."""
     assert not _C.stack_capture_requested()
     yield
-    _stack.record_history(False)
+    stack_capture.record_history(False)
     assert not _C.stack_capture_requested()
 
 
@@ -297,7 +300,7 @@ def test_code_objects_stay_alive_until_pruned():
     assert frames(context)[0] == Frame("<site-deleted-later>", 2, "site")
 
     del t
-    _stack.prune(live_context_ids)
+    stack_capture.prune(live_context_ids)
     gc.collect()
     assert code_ref() is None  # released once no live block names it
     assert frames(context) == []
@@ -314,7 +317,7 @@ def test_prune_bounds_the_table():
     grown = _C.capture_stats()
     assert grown["interned_stacks"] >= 300
     del sites, site
-    dropped = _stack.prune(live_context_ids)
+    dropped = stack_capture.prune(live_context_ids)
     gc.collect()
     after = _C.capture_stats()
     assert dropped >= 300
@@ -379,7 +382,7 @@ def test_threads_capture_concurrently_with_pruning():
 
     def pruner():
         while not stop.is_set():
-            _stack.prune(live_context_ids)
+            stack_capture.prune(live_context_ids)
 
     with capturing():
         threads = [threading.Thread(target=allocator, args=(k,)) for k in range(n_threads)]
@@ -450,7 +453,7 @@ def test_fork_while_other_threads_capture():
                     try:
                         t = fresh_site(f"child-{attempt}")()
                         code = 0 if frames(context_of(t))[0].filename == f"<site-child-{attempt}>" else 1
-                        _stack.prune(live_context_ids)  # takes every table lock
+                        stack_capture.prune(live_context_ids)  # takes every table lock
                         assert _C.capture_stats()["interned_stacks"] >= 1
                     except BaseException:  # noqa: BLE001 - reported through the exit code
                         code = 2
@@ -475,23 +478,23 @@ def test_capturing_is_reference_counted():
 
 
 def test_record_history_switch():
-    assert torchmem.record_history is _stack.record_history
-    _stack.record_history()
-    _stack.record_history(True)  # idempotent
-    assert _stack.is_recording_history() and _C.stack_capture_requested()
+    assert torchmem.record_history is stack_capture.record_history
+    stack_capture.record_history()
+    stack_capture.record_history(True)  # idempotent
+    assert stack_capture.is_recording_history() and _C.stack_capture_requested()
     with capturing():
         pass
     assert _C.stack_capture_requested()  # a leak check's scope does not end history
     t = torch.empty(64)
     assert frames(context_of(t))[0].name == "test_record_history_switch"
-    _stack.record_history(False)
-    _stack.record_history(None)  # torch's spelling of "off"
+    stack_capture.record_history(False)
+    stack_capture.record_history(None)  # torch's spelling of "off"
     assert not _C.stack_capture_requested()
-    _stack.record_history("all")
+    stack_capture.record_history("all")
     assert _C.stack_capture_requested()
-    _stack.record_history(False)
+    stack_capture.record_history(False)
     with pytest.raises(ValueError, match="record_history"):
-        _stack.record_history("sometimes")
+        stack_capture.record_history("sometimes")
 
 
 def test_is_internal_and_user_first_on_synthetic_stacks():
@@ -504,7 +507,7 @@ def test_is_internal_and_user_first_on_synthetic_stacks():
     exec_frame = Frame("<string>", 1, "<module>")
     assert is_internal(t1) and is_internal(frozen)
     assert not is_internal(user1) and not is_internal(exec_frame)
-    assert is_internal(Frame(_stack.__file__, 1, "capturing"))  # torchmem itself
+    assert is_internal(Frame(stack_frames.__file__, 1, "capturing"))  # torchmem itself
     assert is_internal(Frame(threading.__file__, 1, "run"))
 
     stack = [t2, t1, user1, t1, t1, t2, user2, frozen]

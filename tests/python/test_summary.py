@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torchmem
-from torchmem import _C, _summary
+from torchmem.reports import summary as _summary
+from torchmem import _C
 
 
 @pytest.fixture(autouse=True)

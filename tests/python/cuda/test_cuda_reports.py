@@ -17,7 +17,7 @@ import torch
 import torch.cuda._memory_viz as memory_viz
 
 import torchmem
-from torchmem import _snapshot
+from torchmem.reports import snapshot as _snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
 

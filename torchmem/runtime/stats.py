@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchmem import _devices
-from torchmem._devices import DeviceLike
+from torchmem.runtime import devices as _devices
+from torchmem.runtime.devices import DeviceLike
 
 
 def memory_stats(device: DeviceLike = None) -> dict[str, int]:
@@ -81,6 +81,6 @@ def set_memory_limit(limit: int | float, device: DeviceLike = None) -> None:
 def _pick(device: DeviceLike) -> DeviceLike:
     if device is not None:
         return device
-    from torchmem import _install
+    from torchmem.runtime import install as _install
 
     return "cuda" if _install.is_installed("cuda") else "cpu"

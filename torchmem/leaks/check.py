@@ -6,8 +6,8 @@
     @torchmem.leak_check(warmup=1)       # reused: the first call may create lasting state
     def train_step(batch): ...
 
-How an exit classifies the blocks the scope left behind (see DESIGN.md, "What counts
-as a leak"):
+How an exit classifies the blocks the scope left behind (the README's "A leak check,
+as it reads" says the same for users):
 
 1. the engine hands over every block allocated inside (by any thread attributed to the
    scope) that is still allocated (or pending on other streams) when the scope closes;
@@ -34,11 +34,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from torchmem._locks import ForkSafeLock
-from torchmem import _C, _devices, _owners, _stack
-from torchmem._leak_format import parse_bytes, short_path
-from torchmem._leak_classify import Classifier
-from torchmem._leak_report import Finding, LeakError, LeakReport
+from torchmem._support.locks import ForkSafeLock
+from torchmem.runtime import devices as _devices
+from torchmem.leaks import owners as _owners
+from torchmem.stacks import capture as stack_capture
+from torchmem import _C
+from torchmem._support.units import parse_bytes
+from torchmem._support.files import short_path
+from torchmem.leaks.classify import Classifier
+from torchmem.leaks.report import Finding, LeakError, LeakReport
 
 __all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding"]
 
@@ -230,7 +234,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         )
         capture = None
         if self.capture_stacks:
-            capture = _stack.capturing()
+            capture = stack_capture.capturing()
             capture.__enter__()
         try:
             scope = _C.open_scope()

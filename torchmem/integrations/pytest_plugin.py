@@ -117,7 +117,7 @@ def _config_defaults(config) -> CheckOptions:
         return value if value is not None else config.getini(ini)
 
     try:
-        from torchmem._leak_format import parse_bytes
+        from torchmem._support.units import parse_bytes
 
         return CheckOptions(
             enabled=bool(pick("torchmem", "torchmem_autouse")),
@@ -170,8 +170,8 @@ def _options_for(item) -> CheckOptions:
         )
     kwargs = marker.kwargs
     try:
-        from torchmem._leak import _normalize_tags
-        from torchmem._leak_format import parse_bytes
+        from torchmem.leaks.check import _normalize_tags
+        from torchmem._support.units import parse_bytes
 
         warmup = kwargs.get("warmup", 0)
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:

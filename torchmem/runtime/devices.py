@@ -60,7 +60,7 @@ def active_engines() -> list[tuple[str, object]]:
 
 def default_devices() -> list[str]:
     """Devices a report covers when the caller names none: every installed one."""
-    from torchmem import _install
+    from torchmem.runtime import install as _install
 
     installed = _install.installed_devices()
     return installed or ["cpu"]

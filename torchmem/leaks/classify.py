@@ -1,4 +1,4 @@
-"""Classifying what a closed leak-check scope left behind (see ``torchmem._leak``).
+"""Classifying what a closed leak-check scope left behind (see ``torchmem.leaks.check``).
 
 Survivors of the scope become findings: **allowed** (tag, ``expect_alive``, returned by a
 decorated function, warm-up entry), **pending** (freed, waiting for other streams),
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import gc
 
-from torchmem import _devices, _owners, _stack
-from torchmem._leak_report import ALLOWED, CYCLE, PENDING, REACHABLE, Finding
+from torchmem.runtime import devices as _devices
+from torchmem.leaks import owners as _owners
+from torchmem.stacks import frames as stack_frames
+from torchmem.leaks.report import ALLOWED, CYCLE, PENDING, REACHABLE, Finding
 
 
 class Classifier:
@@ -158,4 +160,4 @@ def still_allocated(engine, block: dict) -> bool:
 def _frames(context: int) -> tuple:
     if not context:
         return ()
-    return tuple(_stack.user_first(_stack.frames(context)))
+    return tuple(stack_frames.user_first(stack_frames.frames(context)))

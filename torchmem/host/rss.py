@@ -60,7 +60,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from torchmem._leak_format import format_bytes
+from torchmem._support.units import format_bytes
 
 __all__ = ["ProcessMemory", "RssReport", "ProcessDelta", "RssDelta", "RssMonitor", "rss_report", "rss_delta"]
 

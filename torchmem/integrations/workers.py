@@ -47,7 +47,7 @@ nothing).
 One limit, from Python rather than torchmem: a fork made while another Python thread
 is importing a module leaves the child waiting for that module's import lock forever.
 torchmem loads its submodules on first use (``torchmem.tag`` imports
-``torchmem._tags``), so touch the parts of torchmem you use before starting threads
+``torchmem.runtime.tags``), so touch the parts of torchmem you use before starting threads
 that fork, or let the DataLoader fork from the main thread as it normally does.
 """
 
@@ -71,6 +71,6 @@ def worker_init_fn(worker_id: int) -> None:
             f"torchmem.worker_init_fn: expected the worker id (an int) DataLoader passes, got {worker_id!r}; "
             "pass the function itself: DataLoader(..., worker_init_fn=torchmem.worker_init_fn)"
         )
-    from torchmem import _install
+    from torchmem.runtime import install as _install
 
     _install.install("cpu")

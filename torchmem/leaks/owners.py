@@ -31,10 +31,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from torchmem._leak_cycles import CycleHolder, find_cycle_holders
-from torchmem._leak_format import short_path
-from torchmem._leak_paths import Owner, edge_labels, render_path
-from torchmem._leak_tensors import BlockIndex, BlockKey, device_key, locate_tensors
+from torchmem.leaks.cycles import CycleHolder, find_cycle_holders
+from torchmem._support.files import short_path
+from torchmem.leaks.paths import Owner, edge_labels, render_path
+from torchmem.leaks.tensors import BlockIndex, BlockKey, device_key, locate_tensors
 
 __all__ = [
     "Owner", "CycleHolder", "OwnerSearch", "BlockIndex", "BlockKey", "device_key", "locate_tensors",
@@ -52,15 +52,15 @@ _SMALL_FRONTIER = 48
 _MAX_FRONTIER_PER_BLOCK = 400
 _MAX_REFERRERS_PER_OBJECT = 64
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# The leak machinery itself: this package, and the pytest plugin that drives it.
+_LEAKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PYTEST_PLUGIN = os.path.join(os.path.dirname(_LEAKS_DIR.rstrip(os.sep)), "integrations", "pytest_plugin.py")
 
 
 def _is_own_file(filename: str) -> bool:
     """Files of the leak machinery itself, whose frames and locals are never owners."""
-    if os.path.dirname(os.path.abspath(filename)) != _HERE:
-        return False
-    base = os.path.basename(filename)
-    return base.startswith(("_owners", "_leak", "_growth", "pytest_plugin"))
+    path = os.path.abspath(filename)
+    return path.startswith(_LEAKS_DIR) or path == _PYTEST_PLUGIN
 
 
 @dataclass

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run_command(args)
-        from torchmem import _demo
+        from torchmem.integrations import demo as _demo
 
         return _demo.main(device=args.device, steps=args.steps)
     except _UsageError as error:
@@ -223,7 +223,7 @@ def _run_command(args: argparse.Namespace) -> int:
         raise _UsageError(f"can't open file {target.script!r}: {reason}")
 
     served = _install(args.device)
-    from torchmem import _snapshot
+    from torchmem.reports import snapshot as _snapshot
 
     # Resolved after installing: finding a module imports its parent packages, which may
     # touch CUDA, and CUDA must already be torchmem's by then.
@@ -347,7 +347,7 @@ class _Session:
 
     def start(self) -> None:
         if self.rss:
-            from torchmem import _rss
+            from torchmem.host import rss as _rss
 
             self._rss_start = _rss.rss_report(children=False)
         if self.leak_report:
@@ -358,7 +358,8 @@ class _Session:
 
     def finish(self) -> None:
         """Reports; runs as an atexit function, after the script's own."""
-        from torchmem import _snapshot, _summary
+        from torchmem.reports import snapshot as _snapshot
+        from torchmem.reports import summary as _summary
 
         try:
             sys.stdout.flush()  # the script's output first
@@ -422,7 +423,7 @@ class _Session:
 
     def _rss_at_exit(self):
         """(report of this process and its children, change of this process since the start)."""
-        from torchmem import _rss
+        from torchmem.host import rss as _rss
 
         at_exit = _rss.rss_report(children=True)
         main_only = _rss.RssReport(at_exit.time, at_exit.processes[:1], at_exit.torchmem_cpu)
@@ -487,7 +488,7 @@ def _allocated(summary: dict) -> int:
 
 
 def _leak_header(held_by_globals: int) -> str:
-    from torchmem._leak_format import format_bytes
+    from torchmem._support.units import format_bytes
 
     return (
         "leaks at exit: blocks the script allocated that are still alive after its globals were\n"

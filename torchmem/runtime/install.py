@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from torchmem._locks import ForkSafeLock
+from torchmem._support.locks import ForkSafeLock
 from torchmem import _C
-from torchmem._devices import DeviceLike
+from torchmem.runtime.devices import DeviceLike
 
 _lock = ForkSafeLock()
 _cuda_installed = False
@@ -108,7 +108,7 @@ def _install_cuda() -> None:
         raise RuntimeError(
             f"torchmem.install('cuda') needs a CUDA build of PyTorch; this one ({torch.__version__}) is CPU-only"
         )
-    from torchmem import _cuda
+    from torchmem.runtime import cuda as _cuda
 
     _cuda.install_pluggable_allocator()
     _cuda_installed = True

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 
 import torchmem
-from torchmem import _install, _report_devices
-from torchmem._leak_format import format_bytes
-from torchmem._report_devices import DevicesArg
+from torchmem.runtime import install as _install
+from torchmem.reports import devices as _report_devices
+from torchmem._support.units import format_bytes
+from torchmem.reports.devices import DevicesArg
 
 __all__ = ["summary", "FORMATS"]
 

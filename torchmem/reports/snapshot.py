@@ -10,7 +10,7 @@ https://pytorch.org/memory_viz (drag the pickle in; nothing is uploaded).
 
     import torchmem
     torchmem.install("cpu")
-    torchmem._snapshot.record_trace()  # optional: history for the timeline views
+    torchmem.record_trace()         # optional: history for the timeline views
     ...                                # run the code to look at
     torchmem.dump_snapshot("mem.pickle")
     # python -m torch.cuda._memory_viz trace_plot mem.pickle -o mem.html
@@ -55,9 +55,9 @@ from typing import Any
 import torch
 
 import torchmem
-from torchmem._locks import ForkSafeLock
-from torchmem import _report_devices
-from torchmem._report_devices import DevicesArg
+from torchmem._support.locks import ForkSafeLock
+from torchmem.reports import devices as _report_devices
+from torchmem.reports.devices import DevicesArg
 
 __all__ = ["snapshot", "dump_snapshot", "record_trace", "trace_max_entries", "DEFAULT_MAX_ENTRIES"]
 
@@ -109,19 +109,19 @@ def record_trace(max_entries: int | None = DEFAULT_MAX_ENTRIES, *, stacks: bool 
         raise TypeError(f"torchmem.record_trace: max_entries must be an int, got {max_entries!r}")
     if max_entries < 0:
         raise ValueError(f"torchmem.record_trace: max_entries must be >= 0 (0 stops), got {max_entries}")
-    from torchmem import _stack
+    from torchmem.stacks import capture as stack_capture
 
     with _trace_lock:
         _report_devices.ensure_cuda_engines()
         for device in _report_devices.select(None, what="torchmem.record_trace"):
             device.engine.set_trace_capacity(max_entries)
         want_stacks = bool(max_entries) and stacks
-        if want_stacks and not _stack.is_recording_history():
-            _stack.record_history(True)
+        if want_stacks and not stack_capture.is_recording_history():
+            stack_capture.record_history(True)
             _trace_turned_on_stacks = True
         elif not want_stacks and _trace_turned_on_stacks:
             # Only what this function turned on: a user's own record_history() stays on.
-            _stack.record_history(False)
+            stack_capture.record_history(False)
             _trace_turned_on_stacks = False
         _trace_max_entries = max_entries
 
@@ -143,9 +143,9 @@ class _FrameCache:
     """
 
     def __init__(self) -> None:
-        from torchmem import _stack
+        from torchmem.stacks import frames as stack_frames
 
-        self._frames_of = _stack.frames
+        self._frames_of = stack_frames.frames
         self._cache: dict[int, list[dict[str, Any]]] = {0: []}
 
     def __call__(self, context: int) -> list[dict[str, Any]]:

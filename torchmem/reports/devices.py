@@ -1,6 +1,6 @@
 """Which devices a report (summary, snapshot) covers, and how the caller names them.
 
-Shared by :mod:`torchmem._summary` and :mod:`torchmem._snapshot` so that both accept
+Shared by :mod:`torchmem.reports.summary` and :mod:`torchmem.reports.snapshot` so that both accept
 the same spellings and fail the same way on bad input.
 """
 
@@ -10,8 +10,10 @@ from typing import Iterable, NamedTuple, Union
 
 import torch
 
-from torchmem import _C, _devices, _install
-from torchmem._devices import DeviceLike
+from torchmem.runtime import devices as _devices
+from torchmem.runtime import install as _install
+from torchmem import _C
+from torchmem.runtime.devices import DeviceLike
 
 DevicesArg = Union[DeviceLike, Iterable[DeviceLike]]
 

@@ -1,6 +1,6 @@
 """Which Python objects use a block: tensors, storages, gradients and autograd graphs.
 
-The start points of the owner search (``torchmem._owners``): for each block, the tensors
+The start points of the owner search (``torchmem.leaks.owners``): for each block, the tensors
 and untyped storages whose storage starts inside it, leaf tensors whose ``.grad`` does,
 and tensors whose autograd graph saved one that does (memory PyTorch holds from C++).
 """

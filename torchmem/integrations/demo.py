@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import torchmem
-from torchmem._leak_format import format_bytes
+from torchmem._support.units import format_bytes
 
 # 512 classes: the confusion matrix is 512 x 512 int64 = 2 MiB of tensor state per
 # Metric, big enough to stand out and small enough to run anywhere in a few seconds.
@@ -163,7 +163,7 @@ def _run_on(device: torch.device, steps: int, out) -> bool:
 
 
 def _devices(choice: str) -> list[torch.device]:
-    from torchmem import _cli
+    from torchmem.integrations import cli as _cli
 
     cuda = _cli._cuda_available()
     if choice == "cuda" and not cuda:
@@ -178,7 +178,7 @@ def _devices(choice: str) -> list[torch.device]:
 
 def main(device: str = "auto", steps: int = 6, out=None) -> int:
     """Runs the demo; returns 0 when torchmem caught the leak and the fixed loop is clean."""
-    from torchmem import _cli
+    from torchmem.integrations import cli as _cli
 
     out = sys.stdout if out is None else out
     if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_STEPS <= steps <= MAX_STEPS:

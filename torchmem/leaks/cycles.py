@@ -13,8 +13,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from torchmem._leak_paths import Owner, edge_labels, object_name, render_path
-from torchmem._leak_tensors import BlockIndex, locate_tensors
+from torchmem.leaks.paths import Owner, edge_labels, object_name, render_path
+from torchmem.leaks.tensors import BlockIndex, locate_tensors
 
 
 @dataclass(frozen=True)

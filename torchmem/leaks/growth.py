@@ -20,7 +20,7 @@ Per-step cost: one ``tag_stats()`` per device (a few microseconds) and, with
 2 µs per live block, i.e. ~9 ms per step with 5,000 live blocks, measured on a busy 2-core
 machine) plus symbolizing stacks not seen before (once per distinct stack). With
 ``by_site=False`` a step costs about 5 µs. While the monitor runs, stack capture is on:
-a fraction of a microsecond per allocation (see ``torchmem._stack``).
+a fraction of a microsecond per allocation (see ``torchmem.stacks.capture``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,13 @@ import collections
 import json
 from dataclasses import dataclass, field
 
-from torchmem import _devices, _owners, _stack
-from torchmem._leak_format import format_bytes, short_path, source_line
-from torchmem._leak_report import allocation_site
+from torchmem.runtime import devices as _devices
+from torchmem.leaks import owners as _owners
+from torchmem.stacks import capture as stack_capture
+from torchmem.stacks import frames as stack_frames
+from torchmem._support.units import format_bytes
+from torchmem._support.files import short_path, source_line
+from torchmem.stacks.frames import allocation_site
 
 __all__ = ["GrowthMonitor", "GrowthReport", "Growth"]
 
@@ -196,7 +200,7 @@ class GrowthMonitor:
         if self._started:
             return self
         if self.by_site:
-            self._capture = _stack.capturing()
+            self._capture = stack_capture.capturing()
             self._capture.__enter__()
         self._started = True
         if sample:
@@ -257,7 +261,7 @@ class GrowthMonitor:
             return None
         site = self._site_of_context.get(context, _UNKNOWN)
         if site is _UNKNOWN:
-            site = self._site_of_context[context] = allocation_site(_stack.frames(context))
+            site = self._site_of_context[context] = allocation_site(stack_frames.frames(context))
         return site
 
     # --- judging ----------------------------------------------------------------------

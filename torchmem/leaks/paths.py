@@ -156,7 +156,7 @@ def _format_key(key) -> str:
 
 def frame_name(frame: types.FrameType) -> str:
     """``main() [train.py:49]``: a frame as a report names it."""
-    from torchmem._leak_format import short_path
+    from torchmem._support.files import short_path
 
     return f"{frame.f_code.co_name}() [{short_path(frame.f_code.co_filename)}:{frame.f_lineno}]"
 

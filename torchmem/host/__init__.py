@@ -1,0 +1,1 @@
+"""Host memory beyond torchmem's blocks: resident set size per process."""

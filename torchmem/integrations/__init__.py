@@ -1,0 +1,1 @@
+"""torchmem where users meet it: the pytest plugin, ``python -m torchmem`` and DataLoader workers."""

@@ -1,0 +1,1 @@
+"""Leak analysis: what a checked region left alive, who holds it, and growth across steps."""

@@ -1,0 +1,208 @@
+"""A leak report as text: the summary line, then findings grouped as a reader scans them.
+
+Findings that read the same (kind, device, tag, allocation lines, cycle) are one group with
+their total size; leaks come first, largest first, each with its holders and the allocation
+stack from the line the user wrote outward.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Iterable
+
+from torchmem._support.files import short_path, source_line
+from torchmem._support.units import format_bytes
+from torchmem.leaks.owners import Owner
+from torchmem.leaks.report import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, Finding, LeakReport
+from torchmem.stacks.frames import folds_runner_frames, is_library, is_marker, is_users_own
+
+_STACK_LINES = 4  # frames shown under "allocated at", from the allocation site outward
+
+_KIND_NOTES = {
+    CYCLE: "reference cycle: freed only by gc",
+    PENDING: "freed, waiting for other streams' events",
+}
+
+
+def _summary(report: LeakReport) -> str:
+    totals = report.totals()
+    if report.aborted is not None:
+        return f"torchmem.leak_check: not analyzed, the checked code raised ({report.aborted})"
+    if not report.finished:
+        return "torchmem.leak_check: still running (the report is filled when the check exits)"
+    leaked = [(kind, totals[kind]) for kind in LEAKED_KINDS if totals[kind]["blocks"]]
+    others = [
+        f"{kind} {format_bytes(totals[kind]['bytes'])} in {_blocks(totals[kind]['blocks'])}"
+        for kind in (PENDING, ALLOWED) if totals[kind]["blocks"]
+    ]
+    if not leaked:
+        head = "torchmem.leak_check: no leaks"
+        if report.warmup:
+            head += f" (warm-up entry {report.entry}: survivors are allowed)"
+        return head + (f"; {', '.join(others)}" if others else "")
+    blocks = sum(total["blocks"] for _, total in leaked)
+    parts = ", ".join(f"{kind} {format_bytes(total['bytes'])} in {_blocks(total['blocks'])}" for kind, total in leaked)
+    head = (
+        f"torchmem.leak_check: {format_bytes(report.leaked_bytes)} in {_blocks(blocks)} allocated inside "
+        f"{'is' if blocks == 1 else 'are'} still alive ({parts})"
+    )
+    if report.max_leaked_bytes:
+        head += f"; limit {format_bytes(report.max_leaked_bytes)}"
+    return head + (f"; also {', '.join(others)}" if others else "")
+
+
+def _blocks(count: int) -> str:
+    return f"{count} block{'s' if count != 1 else ''}"
+
+
+def _group_key(finding: Finding) -> tuple:
+    # Blocks that read the same in the report (same kind, device, tag, allocation lines and
+    # cycle) are shown once, with their total size and their holders.
+    return (finding.kind, finding.device, finding.tag, _stack_lines(finding), finding.cycle_types,
+            finding.cycle, finding.note)
+
+
+def _group_order(group: list[Finding]) -> tuple:
+    # Leaks first (reachable and cycle-held together, largest first), then pending, allowed.
+    kind = group[0].kind
+    return (0 if kind in LEAKED_KINDS else KINDS.index(kind), -sum(finding.size for finding in group))
+
+
+def render_lines(report: LeakReport, max_groups: int) -> Iterable[str]:
+    """The lines of ``report.render()``."""
+    yield _summary(report)
+    groups: dict[tuple, list[Finding]] = defaultdict(list)
+    for finding in report.findings:
+        groups[_group_key(finding)].append(finding)
+    ordered = sorted(groups.values(), key=_group_order)
+    for position, group in enumerate(ordered):
+        if position == max_groups:
+            rest = len(ordered) - max_groups
+            yield f"  ... and {rest} more group{'s' if rest != 1 else ''} (LeakReport.to_dict() lists every block)"
+            break
+        yield ""
+        yield from _render_group(group)
+    if report.owner_search_stopped_early:
+        yield ""
+        yield "  (the holder search stopped at its depth/time budget; some holders may be incomplete)"
+
+
+def _render_group(group: list[Finding]) -> Iterable[str]:
+    first = group[0]
+    size = sum(finding.size for finding in group)
+    amount = format_bytes(size) if len(group) == 1 else f"{format_bytes(size)} in {len(group)} blocks"
+    tag = first.tag if first.tag is not None else "untagged"
+    yield f"  {amount}  {first.kind}  {first.device}  tag={tag}"
+    if first.kind in LEAKED_KINDS:
+        yield from _render_holders(group)
+    if first.cycle:
+        yield f"      cycle         {first.cycle}"
+    if first.note:
+        yield f"      note          {first.note}"
+    yield from _render_stack(first)
+
+
+def _render_holders(group: list[Finding]) -> Iterable[str]:
+    seen: dict[str, Owner] = {}
+    for finding in group:
+        for owner in finding.owners:
+            seen.setdefault(owner.path, owner)
+    note = _KIND_NOTES.get(group[0].kind)
+    suffix = f"   ({note})" if note else ""
+    if not seen:
+        yield "      held by       no Python object refers to it (held from C++, e.g. by an autograd graph " \
+              "or a C++ module)" + suffix
+        return
+    owners = sorted(_fold_indices(list(seen.values())), key=lambda entry: len(entry[1]))  # shortest first
+    shown = owners[:4]
+    for index, (owner, path) in enumerate(shown):
+        label = "held by" if index == 0 else ""
+        where = f"   [{owner.location}]" if owner.location else ""
+        unnamed = "   (no named root found above it)" if owner.kind == "unnamed" else ""
+        yield f"      {label:<14}{path}{where}{unnamed}{suffix if index == 0 else ''}"
+    if len(owners) > len(shown):
+        yield f"      {'':<14}... and {len(owners) - len(shown)} more"
+
+
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def _fold_indices(owners: list[Owner]) -> list[tuple[Owner, str]]:
+    """``losses[0]``, ``losses[1]``, ``losses[2]`` -> one line ``losses[0..2]``: paths that
+    differ only in their last integer index are shown once."""
+    groups: dict[tuple, list[tuple[int, Owner]]] = defaultdict(list)
+    order: list[tuple] = []
+    for owner in owners:
+        matches = list(_INDEX.finditer(owner.path))
+        if not matches:
+            key = (owner.path, None, owner.kind, owner.location)
+            value = 0
+        else:
+            last = matches[-1]
+            key = (owner.path[:last.start()], owner.path[last.end():], owner.kind, owner.location)
+            value = int(last.group(1))
+        if key not in groups:
+            order.append(key)
+        groups[key].append((value, owner))
+    out = []
+    for key in order:
+        members = groups[key]
+        first = members[0][1]
+        if len(members) == 1 or key[1] is None:
+            out.extend((owner, owner.path) for _, owner in members)
+            continue
+        values = sorted(value for value, _ in members)
+        contiguous = values == list(range(values[0], values[0] + len(values)))
+        inner = f"{values[0]}..{values[-1]}" if contiguous else ", ".join(map(str, values))
+        out.append((first, f"{key[0]}[{inner}]{key[1]}"))
+    return out
+
+
+def _stack_lines(finding: Finding) -> tuple[str, ...]:
+    """The "allocated at" lines: the allocation site with its source, then the frames it was
+    called from (folded torch frames included), up to the end of the user's code."""
+    site = finding.allocation_site
+    if site is None:
+        return ("(no stack recorded: capture_stacks=False, or allocated before capture began)",)
+    frames = list(finding.frames)
+    shown = []
+    for frame in frames[frames.index(site):]:
+        # Folded runner frames (pytest, runpy, threading) mean the user's code ends here.
+        if len(shown) == _STACK_LINES or folds_runner_frames(frame):
+            break
+        shown.append(frame)
+    while shown and is_marker(shown[-1]):  # a fold at the end (what torch did inside) says little
+        shown.pop()
+    lines = []
+    for frame in shown:
+        if is_marker(frame):
+            lines.append(f"... {frame.name}")
+            continue
+        code = source_line(frame.filename, frame.line) if frame is site else ""
+        lines.append(f"{short_path(frame.filename)}:{frame.line}  {code or 'in ' + frame.name + '()'}")
+    caller = _first_own_code_caller(frames, shown)
+    if caller is not None:
+        lines.append(f"called from {short_path(caller.filename)}:{caller.line}  "
+                     f"{source_line(caller.filename, caller.line) or 'in ' + caller.name + '()'}")
+    return tuple(lines)
+
+
+def _first_own_code_caller(frames: list, shown: list):
+    """When every frame shown is an installed package's (torchmetrics, a trainer library),
+    the frame where the user's own code called into them, if the stack reaches it:
+    the line to change is usually there."""
+    real_shown = [frame for frame in shown if not is_marker(frame)]
+    if not real_shown or not all(is_library(frame) for frame in real_shown):
+        return None
+    for frame in frames[frames.index(real_shown[-1]) + 1:]:
+        if folds_runner_frames(frame):
+            return None  # the runner's frames: the user's code was not on the stack
+        if is_users_own(frame):
+            return frame
+    return None
+
+
+def _render_stack(finding: Finding) -> Iterable[str]:
+    for index, line in enumerate(_stack_lines(finding)):
+        yield f"      {'allocated at' if index == 0 else '':<14}{line}"

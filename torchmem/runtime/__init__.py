@@ -1,0 +1,1 @@
+"""torchmem inside PyTorch: installing it, the engine behind each device, tags, statistics."""
