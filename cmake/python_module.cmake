@@ -53,6 +53,10 @@ file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/t
      ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.c)
 pybind11_add_module(_C MODULE ${TORCHMEM_PYTHON_SOURCES})
 target_link_libraries(_C PRIVATE torchmem_torch_glue)
+if(TARGET torchmem_cuda_backend)  # recorded in _C.build_info (build_info.cc)
+  target_compile_definitions(_C PRIVATE
+    TORCHMEM_BUILT_CUDA_VERSION="${CUDAToolkit_VERSION_MAJOR}.${CUDAToolkit_VERSION_MINOR}")
+endif()
 # CPython's internal frame layout (pycore_frame.h) for GIL-free stack capture.
 target_include_directories(_C PRIVATE ${Python3_INCLUDE_DIRS}/internal)
 # torch's libraries are loaded by `import torch` before torchmem._C; the
