@@ -93,15 +93,29 @@ def find_declaration(text, name):
     return None
 
 
+_RAW_HEADERS = {}
+
+
+def raw_headers(include_dir):
+    """The text of every header directly in `include_dir`, read once."""
+    if include_dir not in _RAW_HEADERS:
+        texts = []
+        for entry in sorted(os.listdir(include_dir)):
+            if entry.endswith(".h"):
+                with open(os.path.join(include_dir, entry), errors="replace") as f:
+                    texts.append(f.read())
+        _RAW_HEADERS[include_dir] = texts
+    return _RAW_HEADERS[include_dir]
+
+
 def raw_return_type(include_dir, name):
     """Return type of `name` in any raw header (interop headers such as
     cuda_gl_interop.h need system headers this machine may not have)."""
     pattern = re.compile(r"([\w\s\*]+?)\s+CUDARTAPI\s+%s\s*\(" % re.escape(name))
-    for entry in sorted(os.listdir(include_dir)):
-        if not entry.endswith(".h"):
+    for text in raw_headers(include_dir):
+        if name not in text:
             continue
-        with open(os.path.join(include_dir, entry), errors="replace") as f:
-            match = pattern.search(f.read())
+        match = pattern.search(text)
         if match:
             return match.group(1).split()[-1]
     return None
