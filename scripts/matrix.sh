@@ -14,6 +14,8 @@
 #   TORCHMEM_MATRIX_DIR  where everything goes (default: build/matrix in the checkout)
 #   MAX_JOBS             build parallelism (default 2)
 #   MATRIX_KEEP_VENV=0   delete the cell's environment after a passing run
+#   TORCHMEM_SIMCUDA_DIR a built simulated device to use when its libcudart.so.N is
+#                        the CUDA major version of the torch tested (else one is built)
 #
 # Layout under TORCHMEM_MATRIX_DIR (each piece made once, then reused):
 #   wheels/               torch wheels, one per (version, Python), from the package index
@@ -197,12 +199,18 @@ export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-$(command -v c
 export CMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER:-$CMAKE_CXX_COMPILER_LAUNCHER}
 
 # --- the simulated device of that CUDA major -------------------------------------
-SIMCUDA_BUILD=$MATRIX_DIR/simcuda-cu$CUDA_MAJOR
-log "simulated device (libcudart.so.$CUDA_MAJOR) in $SIMCUDA_BUILD"
-cmake -S "$ROOT/tests/simcuda" -B "$SIMCUDA_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  "-DPython3_EXECUTABLE=$BASE_PYTHON" "${CUDA_ARGS[@]}" > /dev/null
-cmake --build "$SIMCUDA_BUILD" -j "$JOBS" --target simcudart simcuda_driver | tail -1
-export TORCHMEM_SIMCUDA_DIR=$SIMCUDA_BUILD/simcuda
+# A build given in TORCHMEM_SIMCUDA_DIR is used if it is of this major version
+# (scripts/test.sh passes build/release's, which is CUDA 13).
+if [[ -f "${TORCHMEM_SIMCUDA_DIR:-/nonexistent}/libcudart.so.$CUDA_MAJOR" ]]; then
+  log "simulated device (libcudart.so.$CUDA_MAJOR): $TORCHMEM_SIMCUDA_DIR"
+else
+  SIMCUDA_BUILD=$MATRIX_DIR/simcuda-cu$CUDA_MAJOR
+  log "simulated device (libcudart.so.$CUDA_MAJOR) in $SIMCUDA_BUILD"
+  cmake -S "$ROOT/tests/simcuda" -B "$SIMCUDA_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    "-DPython3_EXECUTABLE=$BASE_PYTHON" "${CUDA_ARGS[@]}" > /dev/null
+  cmake --build "$SIMCUDA_BUILD" -j "$JOBS" --target simcudart simcuda_driver | tail -1
+  export TORCHMEM_SIMCUDA_DIR=$SIMCUDA_BUILD/simcuda
+fi
 [[ -f $TORCHMEM_SIMCUDA_DIR/libcudart.so.$CUDA_MAJOR ]] ||
   die "the simulated device did not build libcudart.so.$CUDA_MAJOR"
 
