@@ -31,8 +31,13 @@ target_include_directories(torchmem_torch SYSTEM INTERFACE
 target_compile_definitions(torchmem_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 target_link_libraries(torchmem_torch INTERFACE ${TORCH_PACKAGE_DIR}/lib/libc10.so)
 
-# Everything below must share the torch wheel's C++ ABI.
-add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
+# Every target that links the engine must share the torch wheel's C++ ABI:
+# std::string crosses from the engine (absl::Status messages, reports)
+# through the torch glue into c10 (TORCH_CHECK, c10::Error). A usage
+# requirement of torchmem_core reaches every target that links it, in any
+# directory, whenever it is created; torchmem_torch carries it to targets
+# that use torch's headers without the engine.
+target_compile_definitions(torchmem_core PUBLIC _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 
 set(TORCHMEM_GLUE_SOURCES
   csrc/torchmem/torch/attribution_propagation.cc
