@@ -33,6 +33,7 @@ from pathlib import Path
 RUNTIME_NAMES = ("libcudart.so.13", "libcudart.so.12")
 RUNTIME_NAME = RUNTIME_NAMES[0]  # the default build's; see runtime_name()
 DRIVER_NAME = "libcuda.so.1"
+NVML_NAME = "libnvidia-ml.so.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_COMMAND = ("cmake -S tests/simcuda -B build/simcuda && "
                  "cmake --build build/simcuda -j2")
@@ -82,24 +83,33 @@ def library_dir():
     return max(candidates, key=lambda d: (d / _runtime_in(d)).stat().st_mtime).resolve()
 
 
-def preload():
-    """The LD_PRELOAD value: absolute paths of the fake runtime and driver."""
+def preload(nvml=False):
+    """The LD_PRELOAD value: absolute paths of the fake runtime and driver,
+    and of the fake NVML if ``nvml``."""
     directory = library_dir()
-    return f"{directory / _runtime_in(directory)}:{directory / DRIVER_NAME}"
+    libraries = [directory / _runtime_in(directory), directory / DRIVER_NAME]
+    if nvml:
+        if not (directory / NVML_NAME).is_file():
+            raise SimcudaNotBuilt(f"{directory} has no {NVML_NAME}; rebuild it with: "
+                                  f"{BUILD_COMMAND}")
+        libraries.append(directory / NVML_NAME)
+    return ":".join(str(library) for library in libraries)
 
 
 def environment(base=None, *, device_count=None, memory_bytes=None, event_mode=None,
-                faults=None, trace=None):
+                faults=None, trace=None, nvml=False):
     """Environment for a subprocess running on the simulated device.
 
     ``base`` defaults to ``os.environ``. ``memory_bytes`` takes an int or a
     size string ("80G", "512MiB", or a comma list per device); ``event_mode``
     is "immediate" or "manual"; ``faults`` a SIMCUDA_FAULTS spec; ``trace`` a
-    file that gets the list of CUDA calls made (see README.md).
+    file that gets the list of CUDA calls made (see README.md). ``nvml`` also
+    preloads the fake NVML, which PyTorch's ``expandable_segments:True`` needs
+    (a real machine always has NVML; torch 2.14 calls it unchecked there).
     """
     env = dict(os.environ if base is None else base)
     existing = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = preload() + (":" + existing if existing else "")
+    env["LD_PRELOAD"] = preload(nvml) + (":" + existing if existing else "")
     for key, value in (("SIMCUDA_DEVICE_COUNT", device_count),
                        ("SIMCUDA_MEMORY_BYTES", memory_bytes),
                        ("SIMCUDA_EVENT_MODE", event_mode),
@@ -127,6 +137,13 @@ def read_trace(path):
 
 _MODES = {"immediate": 0, "manual": 1}
 _ULL = ctypes.c_ulonglong
+
+
+class _VmmStats(ctypes.Structure):
+    """simcuda_vmm_stats_t (simcuda_control.h)."""
+    _fields_ = [(name, _ULL) for name in (
+        "reservations", "reserved_bytes", "allocations", "allocated_bytes", "mappings",
+        "mapped_bytes", "accessible_bytes")]
 
 
 def _handle(obj):
@@ -181,6 +198,7 @@ class Control:
             "simcuda_write_trace": (ctypes.c_int, [ctypes.c_char_p]),
             "simcuda_reset": (None, []),
             "simcuda_error_code": (ctypes.c_int, [ctypes.c_char_p]),
+            "simcuda_vmm_stats": (None, [ctypes.POINTER(_VmmStats)]),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
@@ -216,6 +234,14 @@ class Control:
 
     def reset_peak_bytes(self, device=0):
         self._lib.simcuda_reset_peak_bytes(device)
+
+    def vmm_stats(self):
+        """The driver's virtual memory (cuMemAddressReserve, cuMemCreate,
+        cuMemMap): reservations, live physical allocations, mappings, as a dict
+        of counts and bytes (simcuda_vmm_stats_t)."""
+        stats = _VmmStats()
+        self._lib.simcuda_vmm_stats(ctypes.byref(stats))
+        return {name: getattr(stats, name) for name, _ in _VmmStats._fields_}
 
     # Completion model ------------------------------------------------------
     def set_event_mode(self, mode):
