@@ -162,8 +162,39 @@ fi
 # The test requirements, torch excepted (installed above); again whenever
 # requirements.txt changes.
 grep -v -E '^\s*(#|$|torch==)' "$ROOT/requirements.txt" > "$CELL/requirements.txt"
+# Without --no-deps, pip would also install torch's NVIDIA pins (torchmetrics
+# requires torch, and pip completes an installed requirement's dependencies):
+# through the site-packages/nvidia symlink that would overwrite the shared set
+# with this torch's versions. So: the requirements without their
+# dependencies, then their dependencies, torch excepted.
 if ! cmp -s "$CELL/requirements.txt" "$VENV/.requirements"; then
-  index_pip "$VENV/bin/python" -m pip install -q -r "$CELL/requirements.txt" 2>&1 | quiet_pip
+  index_pip "$VENV/bin/python" -m pip install -q --no-deps -r "$CELL/requirements.txt" 2>&1 | quiet_pip
+  "$VENV/bin/python" - "$CELL/requirements.txt" > "$CELL/requirements-deps.txt" <<'PY'
+import importlib.metadata as metadata
+import sys
+from pip._vendor.packaging.requirements import Requirement
+
+wanted = []
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    requirement = Requirement(line)
+    if requirement.marker is not None and not requirement.marker.evaluate():
+        continue
+    for dependency in metadata.requires(requirement.name) or []:
+        dep = Requirement(dependency)
+        if dep.marker is not None and not dep.marker.evaluate({"extra": ""}):
+            continue
+        if dep.name.lower() != "torch":
+            wanted.append(str(dep).split(";")[0])
+print("\n".join(sorted(set(wanted))))
+PY
+  [[ -s $CELL/requirements-deps.txt ]] &&
+    index_pip "$VENV/bin/python" -m pip install -q -r "$CELL/requirements-deps.txt" 2>&1 | quiet_pip
+  if ls -d "$VENV"/lib/python*/site-packages/nvidia_* > /dev/null 2>&1; then
+    die "pip installed NVIDIA packages into $VENV (through the shared set): a requirement depends on torch"
+  fi
   cp "$CELL/requirements.txt" "$VENV/.requirements"
 fi
 PYTHON=$VENV/bin/python
