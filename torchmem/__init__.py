@@ -83,6 +83,12 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str):
+    if name == "_C":
+        # `from torchmem import _C` (every module that needs the extension) lands here
+        # once: the load checks that the extension was built for the torch running.
+        from torchmem._support import extension
+
+        return extension.load()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'torchmem' has no attribute {name!r}")
