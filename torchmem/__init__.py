@@ -88,6 +88,12 @@ _SUBPACKAGES = ("distributed",)
 
 
 def __getattr__(name: str):
+    if name == "_C":
+        # `from torchmem import _C` (every module that needs the extension) lands here
+        # once: the load checks that the extension was built for the torch running.
+        from torchmem._support import extension
+
+        return extension.load()
     if name in _SUBPACKAGES:
         return importlib.import_module(f"torchmem.{name}")
     module = _EXPORTS.get(name)

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import tomllib
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI (requirements.txt)
+    import tomli as tomllib
 
 import pytest
 

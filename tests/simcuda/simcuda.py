@@ -6,7 +6,8 @@ Two halves:
   libraries and ``environment(...)`` returns the environment for a subprocess
   that should run on the simulated device (``LD_PRELOAD`` plus any
   ``SIMCUDA_*`` settings). The preload must be in place before the process
-  starts: PyTorch's libraries find ``libcudart.so.13`` through DT_RPATH, which
+  starts: PyTorch's libraries find ``libcudart.so.13`` (``.12`` for torch's
+  CUDA 12 builds) through DT_RPATH, which
   only ``LD_PRELOAD`` overrides.
 * In that subprocess: ``Control()`` wraps the ``simcuda_*`` control API
   (simcuda_control.h) with ctypes: capacity, device count, event mode,
@@ -26,7 +27,11 @@ import ctypes
 import os
 from pathlib import Path
 
-RUNTIME_NAME = "libcudart.so.13"
+# The fake runtime's file name is its SONAME, which follows the CUDA major
+# version it was built for (tests/simcuda/CMakeLists.txt): libcudart.so.13,
+# or libcudart.so.12 for torch's CUDA 12 builds. A build directory holds one.
+RUNTIME_NAMES = ("libcudart.so.13", "libcudart.so.12")
+RUNTIME_NAME = RUNTIME_NAMES[0]  # the default build's; see runtime_name()
 DRIVER_NAME = "libcuda.so.1"
 NVML_NAME = "libnvidia-ml.so.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +43,25 @@ class SimcudaNotBuilt(RuntimeError):
     """The fake CUDA libraries were not found."""
 
 
+def _runtime_in(directory):
+    """The fake runtime's file name in `directory`, or None."""
+    for name in RUNTIME_NAMES:
+        if (directory / name).is_file():
+            return name
+    return None
+
+
 def _complete(directory):
-    return all((directory / name).is_file() for name in (RUNTIME_NAME, DRIVER_NAME))
+    return _runtime_in(directory) is not None and (directory / DRIVER_NAME).is_file()
+
+
+def runtime_name(directory=None):
+    """File name (= SONAME) of the fake runtime in `directory` (default: library_dir())."""
+    return _runtime_in(Path(directory) if directory is not None else library_dir())
 
 
 def library_dir():
-    """Directory holding the built libcudart.so.13 and libcuda.so.1.
+    """Directory holding the built fake runtime (libcudart.so.13 or .12) and libcuda.so.1.
 
     ``$TORCHMEM_SIMCUDA_DIR`` if set, else the newest ``build/*/simcuda`` under
     the repository root (what ``add_subdirectory(tests/simcuda)`` or a
@@ -62,14 +80,14 @@ def library_dir():
         raise SimcudaNotBuilt(
             f"the simulated CUDA device is not built (no build/*/simcuda/{RUNTIME_NAME} under "
             f"{REPO_ROOT}); build it from the repository root with: {BUILD_COMMAND}")
-    return max(candidates, key=lambda d: (d / RUNTIME_NAME).stat().st_mtime).resolve()
+    return max(candidates, key=lambda d: (d / _runtime_in(d)).stat().st_mtime).resolve()
 
 
 def preload(nvml=False):
     """The LD_PRELOAD value: absolute paths of the fake runtime and driver,
     and of the fake NVML if ``nvml``."""
     directory = library_dir()
-    libraries = [directory / RUNTIME_NAME, directory / DRIVER_NAME]
+    libraries = [directory / _runtime_in(directory), directory / DRIVER_NAME]
     if nvml:
         if not (directory / NVML_NAME).is_file():
             raise SimcudaNotBuilt(f"{directory} has no {NVML_NAME}; rebuild it with: "
@@ -143,13 +161,20 @@ class Control:
     ``environment()`` (raises SimcudaNotBuilt-style RuntimeError otherwise)."""
 
     def __init__(self):
-        try:
-            lib = ctypes.CDLL(RUNTIME_NAME, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-            lib.simcuda_is_simulated
-        except (OSError, AttributeError) as error:
+        lib = None
+        for name in RUNTIME_NAMES:
+            try:
+                candidate = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+                candidate.simcuda_is_simulated
+                lib = candidate
+                break
+            except (OSError, AttributeError) as error:
+                last_error = error
+        if lib is None:
             raise RuntimeError(
                 "this process does not run on the simulated CUDA device: start it with "
-                "simcuda.environment() (LD_PRELOAD of the fake libcudart.so.13)") from error
+                "simcuda.environment() (LD_PRELOAD of the fake libcudart.so.13 or .12)"
+            ) from last_error
         self._lib = lib
         signatures = {
             "simcuda_set_device_count": (ctypes.c_int, [ctypes.c_int]),

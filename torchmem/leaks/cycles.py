@@ -268,7 +268,11 @@ def _describe_cycle(start: int, by_id, forward, component) -> tuple[tuple, str]:
     for parent, child in zip(path, path[1:]):
         labels.extend(edge_labels(by_id[parent], by_id[child]))
     names = []
-    for node in path[:-1]:
+    for parent, node in zip([None, *path[:-2]], path[:-1]):
+        # An instance's __dict__ is part of the instance, not a member of the cycle of its
+        # own: Python 3.10 keeps it as a separate dict object on the path, 3.11+ inline.
+        if parent is not None and edge_labels(by_id[parent], by_id[node]) == [("dictof",)]:
+            continue
         name = type(by_id[node]).__name__
         if name not in names:
             names.append(name)

@@ -30,6 +30,7 @@ void RegisterEngine(py::module_& m);
 void RegisterAttribution(py::module_& m);
 void RegisterInstall(py::module_& m);
 void RegisterCapture(py::module_& m);
+void RegisterBuildInfo(py::module_& m);
 #ifdef TORCHMEM_WITH_CUDA
 void RegisterCuda(py::module_& m);
 #endif

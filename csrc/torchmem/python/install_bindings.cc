@@ -2,6 +2,7 @@
 // garbage-collecting retry on out-of-memory.
 #include "torchmem/core/engine.h"
 #include "torchmem/python/bindings.h"
+#include "torchmem/python/python_compat.h"
 #include "torchmem/torch/cpu_allocator.h"
 
 namespace torchmem::python {
@@ -13,7 +14,7 @@ namespace {
 // latter does nothing while gc is disabled, which is exactly when training
 // loops that disable it for speed accumulate cycles.
 bool CollectGarbageForRetry() {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  if (InterpreterGone()) return false;
   py::gil_scoped_acquire gil;
   try {
     const auto collected = py::module_::import("gc").attr("collect")().cast<Py_ssize_t>();

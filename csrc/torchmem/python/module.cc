@@ -5,6 +5,7 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchmem's engine, torch glue and stack capture (use the torchmem package)";
+  torchmem::python::RegisterBuildInfo(m);
   torchmem::python::RegisterEngine(m);
   torchmem::python::RegisterAttribution(m);
   torchmem::python::RegisterInstall(m);

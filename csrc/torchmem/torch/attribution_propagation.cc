@@ -8,12 +8,26 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "torchmem/core/attribution.h"
+#include "torchmem/torch/torch_version.h"
 
 namespace torchmem::torch_glue {
 namespace {
 
+// The slot torchmem's entries occupy in a thread's debug-info chain. c10
+// finds an entry by comparing kinds along the chain, nothing else.
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 13)
+// Since 2.13 a kind is identified by the address of a name with static
+// storage duration, so every library gets a slot of its own.
 constexpr std::string_view kAttributionInfoName = "TORCHMEM_ATTRIBUTION";
 const c10::DebugInfoKind kAttributionInfo(&kAttributionInfoName);
+#else
+// Up to 2.12 DebugInfoKind is an enum class over uint8_t whose named values
+// (0 to 6) are PyTorch's own. c10 only compares kinds (ThreadLocalDebugInfo
+// get/_push/_pop), so any other value of the underlying type is a slot no
+// PyTorch code uses; a value far from the named ones stays clear of any
+// PyTorch may add.
+constexpr c10::DebugInfoKind kAttributionInfo = static_cast<c10::DebugInfoKind>(0xC7);
+#endif
 
 // A thread's innermost open scope, shared by every entry that thread pushed:
 // scopes are read live (see the header).

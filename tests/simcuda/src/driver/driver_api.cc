@@ -120,8 +120,10 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
+#if CUDA_VERSION >= 13000  // host VMM attributes are new in CUDA 13's cuda.h
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+#endif
       *value = 0;
       return CUDA_SUCCESS;
     default:
@@ -250,6 +252,7 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
   return *text != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+#if CUDA_VERSION >= 12090  // the driver's log callbacks are new in CUDA 12.9
 // Driver log callbacks (torch registers one to enrich error messages): the
 // simulated driver never logs, so registration only hands out a handle.
 CUresult cuLogsRegisterCallback(CUlogsCallback callback, void* user_data,
@@ -265,6 +268,7 @@ CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle handle) {
   SIMCUDA_DRIVER_ENTER();
   return handle == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
+#endif
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** function, int cuda_version,
                              cuuint64_t flags, CUdriverProcAddressQueryResult* status) {

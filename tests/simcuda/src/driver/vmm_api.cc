@@ -26,7 +26,9 @@ size_t HostPage() {
 // pinned device memory, exportable as a POSIX file descriptor at most.
 CUresult CheckProperties(const CUmemAllocationProp* prop) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+#if CUDA_VERSION >= 13000  // managed VMM allocations are new in CUDA 13
   if (prop->type == CU_MEM_ALLOCATION_TYPE_MANAGED) return CUDA_ERROR_NOT_SUPPORTED;
+#endif
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   switch (prop->location.type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
