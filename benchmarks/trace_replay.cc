@@ -23,6 +23,18 @@
 // behind them), so a 60 GiB peak costs nothing; its capacity is 1 PiB so
 // nothing fails for lack of memory.
 //
+// Engine variants: each trace is replayed once per variant (--variants),
+// and every row names its variant. The variants are the engine
+// configurations this build can replay; --list_variants prints them as JSON
+// ({"variants": [{"name": ..., "description": ...}]}), which is how
+// run_all.py learns which columns of its report can be measured. Today:
+//   pytorch  the engine as torchmem ships it: PyTorch's size policy and
+//            placement (best fit, PyTorch's tie-breaks), segments from the
+//            backend. run_all's "torchmem (PyTorch-identical)" column.
+// A virtual-memory variant ("vmm", issue 12: segments that grow in place,
+// pages mapped where needed) is added to Variants() once the engine has a
+// VMM backend; until then run_all reports that column as not built.
+//
 // Output per trace: ops replayed, peak reserved / allocated / requested,
 // final reserved, device (backend segment) allocs and frees, ns per op
 // (--clock=cpu, the default: the thread's CPU time, which other processes on a
@@ -40,7 +52,8 @@
 // Run:
 //   cmake --build build/bench --target trace_replay
 //   build/bench/benchmarks/trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache]
-//       [--clock=cpu|wall] [PATH ...]
+//       [--clock=cpu|wall] [--variants=all|NAME,...] [PATH ...]
+//   build/bench/benchmarks/trace_replay --list_variants
 // PATH is a trace file or a directory of *.csv traces; without a PATH it
 // replays every trace in $TORCHMEM_TRACES_DIR, else /work/shared/traces.
 // Exit status 1 if a file cannot be read or parsed (the other traces are
@@ -60,6 +73,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "torchmem/backends/controlled_backend.h"
 #include "torchmem/core/engine.h"
 #include "trace_csv.h"
@@ -71,7 +85,15 @@ using torchmem::Engine;
 using torchmem::FreeSpaceStats;
 using torchmem::MemoryStats;
 
+// An engine configuration the replay can run (see the header comment).
+struct Variant {
+  std::string name;
+  std::string description;
+  std::unique_ptr<Engine> (*make)();
+};
+
 struct Options {
+  std::vector<const Variant*> variants;  // empty: all
   int repeat = 5;
   bool cpu_clock = true;  // --clock=cpu (default) or wall
   int warm_passes = 5;
@@ -106,12 +128,30 @@ double NowNs(bool cpu_clock) {
       .count();
 }
 
-std::unique_ptr<Engine> NewEngine() {
+std::unique_ptr<Engine> NewPyTorchIdenticalEngine() {
   torchmem::ControlledBackendOptions options;
   options.device_name = "replay:0";
   options.capacity_bytes = std::size_t{1} << 50;
   options.auto_complete_events = true;
   return std::make_unique<Engine>(std::make_unique<torchmem::ControlledBackend>(options));
+}
+
+// The engine variants this build replays, in report order.
+const std::vector<Variant>& Variants() {
+  static const std::vector<Variant> variants = {
+      {"pytorch",
+       "PyTorch's size policy and best-fit placement over backend segments (torchmem's "
+       "default)",
+       &NewPyTorchIdenticalEngine},
+  };
+  return variants;
+}
+
+const Variant* FindVariant(absl::string_view name) {
+  for (const Variant& variant : Variants()) {
+    if (variant.name == name) return &variant;
+  }
+  return nullptr;
 }
 
 void NoteError(ReplayCounts& counts, const absl::Status& status) {
@@ -227,10 +267,11 @@ std::string FragmentationJson(const FreeSpaceStats& stats) {
       stats.internal_waste_bytes, stats.external_fragmentation);
 }
 
-// Replays one trace: an observed pass for the figures, then timed passes.
-std::string ReplayTrace(const Trace& trace, const Options& options) {
+// Replays one trace with one engine variant: an observed pass for the
+// figures, then timed passes.
+std::string ReplayTrace(const Trace& trace, const Variant& variant, const Options& options) {
   // Observed pass.
-  std::unique_ptr<Engine> engine = NewEngine();
+  std::unique_ptr<Engine> engine = variant.make();
   std::int64_t max_reserved = 0;
   std::int64_t max_allocated = 0;
   FreeSpaceStats at_peak_reserved;
@@ -254,7 +295,7 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
   // Timed passes on fresh engines.
   std::vector<double> ns_per_op;
   for (int r = 0; r < options.repeat; ++r) {
-    std::unique_ptr<Engine> timed = NewEngine();
+    std::unique_ptr<Engine> timed = variant.make();
     const double start = NowNs(options.cpu_clock);
     ReplayCounts timed_counts = Replay(trace, *timed, options.empty_cache, [](Engine&) {});
     const double ns = NowNs(options.cpu_clock) - start;
@@ -270,7 +311,7 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
   std::int64_t warm_device_allocs = 0;
   std::int64_t warm_peak_reserved = 0;
   if (options.warm_passes > 0) {
-    std::unique_ptr<Engine> warm = NewEngine();
+    std::unique_ptr<Engine> warm = variant.make();
     (void)Replay(
         trace, *warm, options.empty_cache, [](Engine&) {}, true);
     const std::int64_t device_allocs_before = warm->GetStats().num_device_alloc;
@@ -293,7 +334,7 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
   const std::int64_t peak_reserved = stats.reserved_bytes.all().peak;
   const std::int64_t peak_requested = stats.requested_bytes.all().peak;
   std::string json = absl::StrFormat(
-      "{\"trace\": %s, \"allocator\": \"torchmem_engine\", \"events\": %d, "
+      "{\"trace\": %s, \"allocator\": \"torchmem_engine\", \"variant\": %s, \"events\": %d, "
       "\"ops_replayed\": %d, \"allocs\": %d, \"frees\": %d, \"empty_cache_calls\": %d, "
       "\"ignored_unknown_frees\": %d, \"implicit_frees\": %d, \"zero_size_allocs\": %d, "
       "\"failed_allocs\": %d, \"ignored_segment_rows\": %d, \"ignored_oom_rows\": %d, "
@@ -306,7 +347,7 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
       "\"warm_ns_per_op\": %.1f, \"warm_passes\": %d, \"warm_device_allocs\": %d, "
       "\"warm_peak_reserved_bytes\": %d, "
       "\"fragmentation_at_peak_reserved\": %s, \"fragmentation_at_peak_allocated\": %s",
-      JsonString(trace.name), trace.events.size(), counts.ops, counts.allocs, counts.frees,
+      JsonString(trace.name), JsonString(variant.name), trace.events.size(), counts.ops, counts.allocs, counts.frees,
       counts.empty_caches, counts.unknown_frees, counts.implicit_frees, counts.zero_size_allocs,
       counts.failed_allocs, counts.segment_rows, counts.oom_rows, counts.unknown_ops, peak_reserved,
       stats.allocated_bytes.all().peak, peak_requested, stats.reserved_bytes.all().current,
@@ -327,14 +368,27 @@ std::string ReplayTrace(const Trace& trace, const Options& options) {
 void Usage(std::FILE* out) {
   std::fprintf(out,
                "usage: trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache] [--clock=cpu|wall]\n"
-               "                    [PATH ...]\n"
+               "                    [--variants=all|NAME,...] [PATH ...]\n"
+               "       trace_replay --list_variants\n"
                "Replays CSV allocation traces (op,addr,size,stream) through torchmem's engine\n"
-               "and prints one JSON object per trace. PATH: a trace or a directory of *.csv\n"
-               "traces (default: $TORCHMEM_TRACES_DIR, else /work/shared/traces).\n"
+               "and prints one JSON object per trace and engine variant. PATH: a trace or a\n"
+               "directory of *.csv traces (default: $TORCHMEM_TRACES_DIR, else\n"
+               "/work/shared/traces).\n"
                "  --repeat=N        timed replays per trace, median reported (default 5)\n"
                "  --warm_passes=N   timed passes over a warm engine (default 5; 0: none)\n"
                "  --no_empty_cache  ignore empty_cache rows instead of calling EmptyCache\n"
-               "  --clock=cpu|wall  time on the thread's CPU clock (default) or steady_clock\n");
+               "  --clock=cpu|wall  time on the thread's CPU clock (default) or steady_clock\n"
+               "  --variants=...    engine variants to replay (default all; --list_variants)\n"
+               "  --list_variants   print the variants this build has, as JSON, and exit\n");
+}
+
+void ListVariants() {
+  std::vector<std::string> entries;
+  for (const Variant& variant : Variants()) {
+    entries.push_back(absl::StrCat("{\"name\": ", JsonString(variant.name),
+                                   ", \"description\": ", JsonString(variant.description), "}"));
+  }
+  std::printf("{\"variants\": [%s]}\n", absl::StrJoin(entries, ", ").c_str());
 }
 
 }  // namespace
@@ -362,6 +416,21 @@ int main(int argc, char** argv) {
       options.empty_cache = false;
     } else if (arg == "--clock=cpu" || arg == "--clock=wall") {
       options.cpu_clock = arg == "--clock=cpu";
+    } else if (arg == "--list_variants") {
+      torchmem_bench::ListVariants();
+      return 0;
+    } else if (arg.rfind("--variants=", 0) == 0) {
+      const std::string names = arg.substr(11);
+      if (names == "all") continue;
+      for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
+        const torchmem_bench::Variant* variant = torchmem_bench::FindVariant(name);
+        if (variant == nullptr) {
+          std::fprintf(stderr, "trace_replay: this build has no engine variant %s (see "
+                       "--list_variants)\n", std::string(name).c_str());
+          return 2;
+        }
+        options.variants.push_back(variant);
+      }
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "trace_replay: unknown flag %s\n", arg.c_str());
       torchmem_bench::Usage(stderr);
@@ -371,6 +440,11 @@ int main(int argc, char** argv) {
     }
   }
   if (options.paths.empty()) options.paths.push_back(torchmem_bench::TracesDirectory(""));
+  if (options.variants.empty()) {
+    for (const torchmem_bench::Variant& variant : torchmem_bench::Variants()) {
+      options.variants.push_back(&variant);
+    }
+  }
 
   int status = 0;
   for (const std::string& path : options.paths) {
@@ -387,8 +461,10 @@ int main(int argc, char** argv) {
         status = 1;
         continue;
       }
-      std::printf("%s\n", torchmem_bench::ReplayTrace(*trace, options).c_str());
-      std::fflush(stdout);
+      for (const torchmem_bench::Variant* variant : options.variants) {
+        std::printf("%s\n", torchmem_bench::ReplayTrace(*trace, *variant, options).c_str());
+        std::fflush(stdout);
+      }
     }
   }
   return status;
