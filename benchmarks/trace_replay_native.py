@@ -31,7 +31,13 @@ the simulated CUDA device (tests/simcuda, LD_PRELOAD from ``tests/simcuda/simcud
 reserves memory lazily, so a 60 GiB peak costs nothing). ``--device real`` runs on the machine's CUDA device.
 ``--allocator torchmem`` replays through torchmem's CUDA allocator instead
 (``torchmem.install()``; needs torchmem built with CUDA), with figures from
-``torchmem.memory_stats()``/``torchmem.fragmentation()``.
+``torchmem.memory_stats()``/``torchmem.fragmentation()``. ``--alloc-conf CONF`` sets
+``PYTORCH_CUDA_ALLOC_CONF`` for the replay (PyTorch's defaults otherwise), e.g.
+``expandable_segments:True`` for PyTorch's expandable segments (on the simulated device
+the fake NVML is then preloaded too, which PyTorch needs for them). On the simulated
+device each row also says which driver/runtime memory calls the first replay made
+(``device_calls``: cudaMalloc, cudaFree, cuMemCreate, cuMemMap, cuMemUnmap, ...), as the
+device counted them.
 
 Run:
     python3 benchmarks/trace_replay_native.py                      # every trace in ../shared/traces
@@ -125,6 +131,7 @@ class Allocator:
             self.torchmem = torchmem
         torch.cuda.init()
         self.streams = {0: 0}
+        self.device = simulated_device_control()
 
     def stream(self, stream_id: int) -> int:
         handle = self.streams.get(stream_id)
@@ -192,6 +199,24 @@ class Allocator:
         result["external_fragmentation"] = (
             round(1.0 - result["largest_free_extent"] / free, 4) if free else 0.0)
         return result
+
+
+# The memory calls of the CUDA runtime and driver a replay is judged by.
+DEVICE_CALLS = ("cudaMalloc", "cudaFree", "cuMemCreate", "cuMemRelease", "cuMemMap",
+                "cuMemUnmap", "cuMemSetAccess", "cuMemAddressReserve", "cuMemAddressFree")
+
+
+def simulated_device_control():
+    """simcuda.Control() when this process runs on the simulated device, else None."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "simcuda"))
+    try:
+        import simcuda  # noqa: E402
+
+        return simcuda.Control()
+    except (ImportError, RuntimeError):
+        return None
+    finally:
+        sys.path.pop(0)
 
 
 def replay(events, allocator: Allocator, alloc, delete, empty_cache: bool,
@@ -288,8 +313,12 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
         if allocated > peaks["allocated"][0]:
             peaks["allocated"] = (allocated, index)
 
+    if allocator.device is not None:
+        allocator.device.reset_call_counts()
     counts = replay(events, allocator, alloc, delete, not args.no_empty_cache, observe)
     stats = allocator.stats()
+    device_calls = ({name: allocator.device.call_count(name) for name in DEVICE_CALLS}
+                    if allocator.device is not None else None)
     live = counts.pop("_live")
     free_all(live, delete)
 
@@ -360,7 +389,9 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
     peak_requested = stats.get("requested_bytes.all.peak", 0)
     result = {
         "trace": Path(path).stem,
-        "allocator": "pytorch_native" if allocator.kind == "native" else "torchmem_cuda",
+        "allocator": ("pytorch_native" if allocator.kind == "native" else "torchmem_cuda")
+                     + ("_expandable" if expandable(args.alloc_conf) else ""),
+        "alloc_conf": args.alloc_conf,
         "events": len(events),
     }
     result.update({k: v for k, v in counts.items() if k != "first_error"})
@@ -381,6 +412,8 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
         "api": "raw" if args.raw else "caching_allocator_alloc",
     })
     result.update(fragmentation)
+    if device_calls is not None:
+        result["device_calls"] = device_calls
     if "first_error" in counts:
         result["first_error"] = counts["first_error"]
     result["path"] = path
@@ -401,21 +434,33 @@ def worker_main(args: argparse.Namespace) -> int:
 
 # --- the parent ---------------------------------------------------------------------
 
+def expandable(alloc_conf: str) -> bool:
+    """Whether a PYTORCH_CUDA_ALLOC_CONF value turns expandable segments on."""
+    options = dict(item.split(":", 1) for item in alloc_conf.replace(" ", "").split(",")
+                   if ":" in item)
+    return options.get("expandable_segments", "False").lower() == "true"
+
+
 def device_environment(args: argparse.Namespace) -> dict:
     if args.device == "real":
-        return dict(os.environ)
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "simcuda"))
-    import simcuda  # noqa: E402
+        env = dict(os.environ)
+    else:
+        sys.path.insert(0, str(REPO_ROOT / "tests" / "simcuda"))
+        import simcuda  # noqa: E402
 
-    try:
-        env = simcuda.environment(memory_bytes=args.memory)
-    except simcuda.SimcudaNotBuilt as error:
-        sys.exit(f"trace_replay_native: {error}")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (env.get("PYTHONPATH", ""), str(REPO_ROOT)) if p)  # a PYTHONPATH given wins
-    # PyTorch's defaults: no expandable segments, no max_split_size.
+        try:
+            # PyTorch's expandable segments need NVML, as on any machine with a GPU.
+            env = simcuda.environment(memory_bytes=args.memory,
+                                      nvml=expandable(args.alloc_conf))
+        except simcuda.SimcudaNotBuilt as error:
+            sys.exit(f"trace_replay_native: {error}")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (env.get("PYTHONPATH", ""), str(REPO_ROOT)) if p)  # a PYTHONPATH given wins
+    # PyTorch's defaults (no expandable segments, no max_split_size) unless --alloc-conf.
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
+    if args.alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     return env
 
 
@@ -423,7 +468,8 @@ def worker_command(args: argparse.Namespace, paths: list[str]) -> list[str]:
     """The command line of a worker that replays `paths` with this run's settings."""
     command = [sys.executable, os.path.abspath(__file__), "--worker",
                "--allocator", args.allocator, "--repeat", str(args.repeat),
-               "--warm-passes", str(args.warm_passes), "--clock", args.clock]
+               "--warm-passes", str(args.warm_passes), "--clock", args.clock,
+               "--alloc-conf", args.alloc_conf]
     for flag in ("raw", "no_empty_cache", "no_fragmentation"):
         if getattr(args, flag):
             command.append("--" + flag.replace("_", "-"))
@@ -520,6 +566,9 @@ def main() -> int:
     parser.add_argument("--allocator", choices=("native", "torchmem"), default="native",
                         help="PyTorch's native allocator (default) or torchmem's CUDA "
                              "allocator via torchmem.install()")
+    parser.add_argument("--alloc-conf", default="", metavar="CONF",
+                        help="PYTORCH_CUDA_ALLOC_CONF for the replay, e.g. "
+                             "expandable_segments:True (default: none, PyTorch's defaults)")
     parser.add_argument("--device", choices=("sim", "real"), default="sim",
                         help="simulated CUDA device (default) or the machine's own")
     parser.add_argument("--memory", default="1T",

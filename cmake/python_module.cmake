@@ -33,21 +33,31 @@ target_include_directories(torchmem_torch SYSTEM INTERFACE
 target_compile_definitions(torchmem_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 target_link_libraries(torchmem_torch INTERFACE ${TORCH_PACKAGE_DIR}/lib/libc10.so)
 
-# Everything below must share the torch wheel's C++ ABI: std::string and
-# friends cross the boundary between torchmem and torch.
-add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
+# Every target that links the engine must share the torch wheel's C++ ABI:
+# std::string crosses from the engine (absl::Status messages, reports)
+# through the torch glue into c10 (TORCH_CHECK, c10::Error). A usage
+# requirement of torchmem_core reaches every target that links it, in any
+# directory, whenever it is created; torchmem_torch carries it to targets
+# that use torch's headers without the engine.
+target_compile_definitions(torchmem_core PUBLIC _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 
 add_library(torchmem_torch_glue STATIC
   csrc/torchmem/torch/attribution_propagation.cc
   csrc/torchmem/torch/cpu_allocator.cc
 )
-target_link_libraries(torchmem_torch_glue PUBLIC torchmem_host_backend torchmem_torch)
+target_link_libraries(torchmem_torch_glue PUBLIC torchmem_backends torchmem_torch)
 
 include(cmake/shared_library.cmake)
 
-file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.cc)
+# The *.c files are the per-version CPython frame walkers (frame_walk.h).
+file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.cc
+     ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.c)
 pybind11_add_module(_C MODULE ${TORCHMEM_PYTHON_SOURCES})
 target_link_libraries(_C PRIVATE torchmem_shared torchmem_torch)
+if(TARGET torchmem_cuda_backend)  # recorded in _C.build_info (build_info.cc)
+  target_compile_definitions(_C PRIVATE
+    TORCHMEM_BUILT_CUDA_VERSION="${CUDAToolkit_VERSION_MAJOR}.${CUDAToolkit_VERSION_MINOR}")
+endif()
 # CPython's internal frame layout (pycore_frame.h) for GIL-free stack capture.
 target_include_directories(_C PRIVATE ${Python3_INCLUDE_DIRS}/internal)
 # libtorchmem.so sits in lib/ next to the module. torch's libraries are

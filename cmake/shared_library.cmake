@@ -13,7 +13,7 @@
 # standard library stay internal. -fno-semantic-interposition keeps calls
 # inside the library direct (no PLT), so the engine's hot path is as fast as
 # in the static build.
-set(_torchmem_shared_parts torchmem_core torchmem_host_backend torchmem_torch_glue)
+set(_torchmem_shared_parts torchmem_core torchmem_backends torchmem_torch_glue)
 foreach(_part IN LISTS _torchmem_shared_parts)
   target_compile_options(${_part} PRIVATE -fno-semantic-interposition)
 endforeach()

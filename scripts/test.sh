@@ -7,10 +7,13 @@
 # 2. C++ tests (GoogleTest, CTest), including the CUDA backend on the
 #    simulated CUDA device;
 # 3. the same C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer;
-# 4. the concurrency tests under ThreadSanitizer;
+# 4. the concurrency tests under ThreadSanitizer (built with clang, which also
+#    checks the thread-safety annotations);
 # 5. a CI-sized fuzzing run of the engine (libFuzzer);
 # 6. the Python tests (pytest), CPU tensors and CUDA tensors on the simulated device;
-# 7. a smoke run of the benchmarks (they measure; they are not tests of speed).
+# 7. the oldest and newest supported torch (2.9.1 with Python 3.10, 2.15.0 with
+#    Python 3.13): built in their own environments, smoke-tested (scripts/matrix.sh);
+# 8. a smoke run of the benchmarks (they measure; they are not tests of speed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -35,8 +38,9 @@ cmake --build build/asan -j "$JOBS"
 ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1 \
   ctest --test-dir build/asan --output-on-failure -j "$JOBS"
 
-log "concurrency tests under ThreadSanitizer"
+log "concurrency tests under ThreadSanitizer (clang: also checks the lock annotations)"
 cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTORCHMEM_SANITIZE=thread \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DTORCHMEM_BUILD_PYTHON=OFF -DTORCHMEM_BUILD_BENCHMARKS=OFF -DTORCHMEM_BUILD_SIMCUDA=OFF \
   -DTORCHMEM_BUILD_CUDA=OFF > /dev/null
 cmake --build build/tsan -j "$JOBS" --target torchmem_concurrency_tests
@@ -50,7 +54,17 @@ log "Python tests (CPU tensors, and CUDA tensors on the simulated device)"
 export TORCHMEM_SIMCUDA_DIR=$PWD/build/release/simcuda
 $PYTHON -m pytest tests/python -q -p no:cacheprovider
 
+log "oldest and newest supported torch: build and smoke-test (scripts/matrix.sh --smoke)"
+# torch 2.9.1 (CUDA 12, on the simulated libcudart.so.12) with Python 3.10 and
+# torch 2.15.0 (CUDA 13) with Python 3.13: each in its own environment under
+# build/matrix, deleted after a passing run. The full matrix is
+# scripts/matrix.sh TORCH PYTHON for each cell (README, "Supported versions").
+MATRIX_KEEP_VENV=0 bash scripts/matrix.sh 2.9.1 3.10 --smoke
+MATRIX_KEEP_VENV=0 bash scripts/matrix.sh 2.15.0 3.13 --smoke
+
 log "benchmark smoke run (benchmarks/run_all.py --quick; it measures, it does not test speed)"
 $PYTHON benchmarks/run_all.py --quick --build-dir build/release --no-build
+log "distributed benchmark smoke run (payload sizes; gather times at 2 ranks)"
+$PYTHON benchmarks/distributed_gather.py --worlds 2 --repeats 1
 
 log "all tests passed in $((SECONDS - start)) s"

@@ -23,6 +23,7 @@ is the names listed here; the subpackages are its implementation:
     reports/       summary() and snapshots in PyTorch's format
     host/          resident set size per process (DataLoader workers included)
     integrations/  the pytest plugin, ``python -m torchmem`` (run, demo), DataLoader workers
+    distributed/   many ranks, one answer: job reports, collective leak checks (torch.distributed)
     _support/      small helpers shared by all of the above
 """
 
@@ -84,7 +85,19 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
+# Subpackages reachable as attributes (``torchmem.distributed.gather()``), loaded on first use.
+_SUBPACKAGES = ("distributed",)
+
+
 def __getattr__(name: str):
+    if name == "_C":
+        # `from torchmem import _C` (every module that needs the extension) lands here
+        # once: the load checks that the extension was built for the torch running.
+        from torchmem._support import extension
+
+        return extension.load()
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"torchmem.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'torchmem' has no attribute {name!r}")

@@ -186,7 +186,7 @@ def test_a_depth_budget_stops_the_search_and_names_the_outermost_object_reached(
     deep.inner.inner.value = torch.zeros(4)
     block = block_triple(deep.inner.inner.value)
 
-    result = _owners.find_owners([block], max_depth=1)
+    result = _owners.find_owners([block], max_depth=1, node_budget=0)  # no downward search: the walk up is limited
 
     (owner,) = result.owners[(block[0], block[1])]
     assert result.stopped_early

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import tomllib
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI (requirements.txt)
+    import tomli as tomllib
 
 import pytest
 
@@ -160,7 +165,7 @@ def test_marker_options_configure_each_test(pytester, run_pytest):
     result.stdout.fnmatch_lines([
         "*_ test_unknown_option _*",
         "@pytest.mark.torchmem on test_marked.py::test_unknown_option: unknown option(s) colour; "
-        "known: device, allow_tags, warmup, max_leaked_bytes, enabled",
+        "known: device, allow_tags, warmup, max_leaked_bytes, enabled, cycles, cycle_repeats, allow_arguments",
     ], consecutive=True)
     # A test failing on its own is not analyzed: its traceback keeps its locals alive.
     result.stdout.fnmatch_lines(["*_ test_fails_on_its_own _*", "*AssertionError: the test's own failure*"])
@@ -231,3 +236,142 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point():
     assert project["entry-points"]["pytest11"] == {"torchmem": "torchmem.integrations.pytest_plugin"}
     assert importlib.import_module("torchmem.integrations.pytest_plugin") is pytest_plugin
     assert callable(pytest_plugin.pytest_addoption) and callable(pytest_plugin.pytest_runtest_call)
+
+
+# --- cycles, the test's arguments ------------------------------------------------------
+
+CYCLIC_MODULE = """
+import functools
+
+import pytest
+import torch
+
+
+class MetricLike:
+    # Refers to itself as a torchmetrics Metric does (update wraps the bound method).
+    def __init__(self):
+        self.total = torch.zeros(128)
+        self.update = functools.wraps(self.update)(lambda *args, _update=self.update: _update(*args))
+
+    def update(self, value):
+        self.total = self.total + value
+
+
+def test_builds_one_metric():
+    MetricLike().update(torch.ones(128))
+
+
+def test_drops_a_metric_every_step():
+    for _ in range(8):
+        MetricLike().update(torch.ones(128))
+
+
+@pytest.mark.parametrize("metric", [MetricLike()])
+def test_updates_a_parametrized_metric(metric):
+    metric.update(torch.ones(128))
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return MetricLike()
+
+
+def test_updates_a_module_fixture(shared):
+    shared.update(torch.ones(128))
+"""
+
+
+def test_cycles_that_repeat_fail_and_the_test_arguments_hold_memory_allowed(pytester, run_pytest):
+    pytester.makepyfile(test_cycles=CYCLIC_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu")
+
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_cycles.py::test_drops_a_metric_every_step*"])
+    result.stdout.fnmatch_lines(["*counted: 8 separate cycles held by MetricLike*"])
+
+
+def test_the_report_names_the_module_level_parametrize_list_not_pytest_frames(pytester, run_pytest):
+    pytester.makepyfile(test_cycles=CYCLIC_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu", "--torchmem-allow-arguments=no",
+                        "-k", "parametrized or fixture")
+
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*held by       test_cycles.test_updates_a_parametrized_metric.pytestmark[[]0].args[[]1][[]0].total*"])
+    result.stdout.fnmatch_lines(["*held by       <fixture 'shared'>.total*"])
+    result.stdout.no_fnmatch_line("*_pytest/runner.py*")
+
+
+def test_cycles_option_on_the_command_line_ini_marker_and_fixture_parameter(pytester, run_pytest):
+    pytester.makeini("""
+        [pytest]
+        torchmem_cycles = always
+    """)
+    pytester.makepyfile(test_cycles=CYCLIC_MODULE + """
+
+@pytest.mark.torchmem(cycles="never")
+def test_marked_never():
+    for _ in range(8):
+        MetricLike().update(torch.ones(128))
+
+
+@pytest.mark.parametrize("torchmem_leak_check", [{"cycle_repeats": 2}], indirect=True)
+def test_fixture_parameter(torchmem_leak_check):
+    for _ in range(2):
+        MetricLike().update(torch.ones(128))
+""")
+
+    from_ini = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu", "-k", "builds_one or marked or fixture_param")
+    # ini: every cycle counts (test_builds_one_metric fails); the marker says never; the
+    # fixture's parameter keeps the ini's policy... "always" counts its cycles too.
+    from_ini.assert_outcomes(passed=1, failed=2)
+    from_ini.stdout.fnmatch_lines(["PASSED test_cycles.py::test_marked_never"])
+
+    from_command_line = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu", "--torchmem-cycles=repeating",
+                                   "-k", "builds_one or fixture_param")
+    # The command line overrides the ini file; the fixture's parameter counts 2 repeats.
+    from_command_line.assert_outcomes(passed=1, failed=1)
+    from_command_line.stdout.fnmatch_lines(["FAILED test_cycles.py::test_fixture_parameter*"])
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (("--torchmem-cycles=sometimes",), "*--torchmem-cycles / torchmem_cycles must be 'repeating'*"),
+        (("--torchmem-cycle-repeats=1",), "*--torchmem-cycle-repeats / torchmem_cycle_repeats must be an int >= 2*"),
+        (("--torchmem-allow-arguments=maybe",), "*--torchmem-allow-arguments / torchmem_allow_arguments must be yes or no*"),
+    ],
+)
+def test_bad_cycle_and_argument_settings_are_usage_errors(pytester, run_pytest, arguments, message):
+    pytester.makepyfile(test_example="def test_nothing():\n    pass\n")
+
+    result = run_pytest("--torchmem", "--torchmem-device=cpu", *arguments)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_a_bad_cycle_option_on_a_marker_fails_that_test(pytester, run_pytest):
+    pytester.makepyfile(test_example="""
+import pytest
+
+@pytest.mark.torchmem(cycles="sometimes")
+def test_bad():
+    pass
+""")
+
+    result = run_pytest("-rA", "--torchmem-device=cpu")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.torchmem on test_example.py::test_bad: cycles must be 'repeating'*"])
+
+
+def test_the_junit_xml_records_what_a_check_found_and_its_analysis_time(pytester, run_pytest):
+    pytester.makepyfile(test_cycles=CYCLIC_MODULE)
+
+    run_pytest("--torchmem", "--torchmem-device=cpu", "-k", "builds_one", "--junitxml=junit.xml")
+
+    xml = (pytester.path / "junit.xml").read_text()
+    assert 'name="torchmem_leaked_bytes" value="0"' in xml
+    assert 'name="torchmem_analysis_ms"' in xml and 'name="torchmem_analysis_cpu_ms"' in xml

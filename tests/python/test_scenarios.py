@@ -36,41 +36,71 @@ def clean_globals():
 
 
 # --- (a) the Composer bug ------------------------------------------------------------------
-# The trainer lives in composer_model.py, shared with the CUDA session, where the
-# deep copies themselves are allocated by torchmem (tests/python/cuda/test_cuda_scenarios.py).
-# On CPU, PyTorch copies storages for deepcopy with c10's built-in allocator
-# (UntypedStorage(n) calls c10::GetDefaultCPUAllocator()), out of torchmem's sight, so here
-# the copies are visible through what they compute.
+# The trainer lives in composer_model.py, shared with the CUDA session
+# (tests/python/cuda/test_cuda_scenarios.py). On CPU too the deep copies come from torchmem:
+# torch.UntypedStorage(n), which deepcopy uses, allocates through c10's default CPU
+# allocator, which torchmem stands in for while installed.
 
 
-def test_composer_bug_metric_copies_are_cycle_held_and_grow_every_step():
+def test_composer_bug_fails_the_default_check_naming_the_deepcopy_line():
     trainer = ComposerLikeTrainer()
     with collector_paused(), torchmem.GrowthMonitor(warmup=1) as monitor:
-        with torchmem.leak_check(raise_on_leak=False) as report:
-            run_composer_like_training(trainer, steps=5, monitor=monitor)
+        with pytest.raises(torchmem.LeakError) as raised:
+            with torchmem.leak_check():  # the defaults: cycles="repeating", cycle_repeats=8
+                run_composer_like_training(trainer, steps=10, monitor=monitor)
 
-    # What the copies computed (each copy caches its result) was freed only by gc: a
-    # reference cycle through the Metric held it.
-    assert len(report.cycle) == 10  # 5 batches x 2 metrics
-    for finding in report.cycle:
-        (metric_type,) = {"BinaryAccuracy", "BinaryF1Score"} & set(finding.cycle_types)
-        assert "method" in finding.cycle_types
-        assert owner_paths(finding) == [f"<{metric_type}>._computed"]
-        assert finding.cycle == f"{metric_type}.update.__wrapped__.__self__ is the same {metric_type}"
-        assert finding.tag == "metrics"
-        compute_line = line_of(ComposerLikeTrainer._compute_and_log_metrics, "# compute on the copies")
-        compute_file = inspect.getsourcefile(ComposerLikeTrainer)
-        assert (compute_file, compute_line) in [(frame.filename, frame.line) for frame in finding.frames]
+    report = raised.value.report
+    deepcopy_line = (
+        inspect.getsourcefile(ComposerLikeTrainer),
+        line_of(ComposerLikeTrainer._compute_and_log_metrics, "metrics = deepcopy(metrics)"),
+    )
+    copied = [finding for finding in report.cycle if site_of(finding) == deepcopy_line]
+    # Each batch copies both metrics' states (tp, fp, tn, fn) and their defaults.
+    assert len(copied) == 10 * 2 * 8
+    assert all(finding.counted and finding.device == "cpu" and finding.tag == "metrics" for finding in copied)
+    assert all("10 separate cycles held by Binary" in finding.note for finding in copied)
+    assert {path for finding in copied for path in owner_paths(finding)} >= {
+        "<BinaryAccuracy>.tp", "<BinaryF1Score>.fn", "<BinaryAccuracy>._defaults['tp']",
+    }
+    # What the copies computed (each copy caches its result) repeats too.
+    computed = [finding for finding in report.cycle if finding not in copied]
+    assert len(computed) == 20 and all(finding.counted for finding in computed)
+    assert {owner_paths(finding)[0] for finding in computed} == {"<BinaryAccuracy>._computed", "<BinaryF1Score>._computed"}
+    text = report.render()
+    assert "metrics = deepcopy(metrics)  # the bug, removed by mosaicml/composer#3180" in text
+    assert "BinaryAccuracy.update.__wrapped__.__self__ is the same BinaryAccuracy" in text
     # The live metrics' own state (rebound by every update) is reachable, by name.
-    test = "test_composer_bug_metric_copies_are_cycle_held_and_grow_every_step()"
+    test = "test_composer_bug_fails_the_default_check_naming_the_deepcopy_line()"
     reachable = sorted(path for finding in report.reachable for path in owner_paths(finding))
     assert reachable == sorted(
         f"{test}:trainer.state.train_metrics['{name}'].{state}"
         for name in ("acc", "f1") for state in ("tp", "fp", "tn", "fn")
     )
-    # Live memory of the "metrics" tag grew on every step: two 512 B results per batch.
-    (growth,) = monitor.report().tags
-    assert (growth.name, growth.bytes_per_step, growth.steps) == ("metrics", 1024, 4)
+    # Live memory grew on every step at the deepcopy line: both metrics' 8 states, 512 B each.
+    site_growth = [growth for growth in monitor.report().sites if growth.frame.line == deepcopy_line[1]]
+    assert len(site_growth) == 1 and site_growth[0].bytes_per_step == 2 * 8 * 512
+    gc.collect()
+
+
+def test_a_reused_check_around_each_step_counts_the_cycle_the_second_step_leaves_again():
+    trainer = ComposerLikeTrainer()
+    preds = torch.tensor([0.9, 0.2, 0.7, 0.4])
+    target = torch.tensor([1, 0, 0, 1])
+    check = torchmem.leak_check(raise_on_leak=False)
+    reports = []
+    with collector_paused():
+        for _ in range(3):
+            with check as report:
+                trainer.train_batch(preds, target)
+            reports.append(report)
+
+    first, second, third = reports
+    # One step leaves one cycle per metric: an object in a cycle, not counted...
+    assert first.cycle and first.uncounted_cycles == first.cycle
+    # ...until the same allocation stack and holder type leave one again in the next step.
+    for report in (second, third):
+        assert report.cycle and all(finding.counted for finding in report.cycle)
+        assert all("previous entry of this check" in finding.note for finding in report.cycle)
 
 
 def test_composer_after_the_fix_has_no_cycle_held_memory():
@@ -82,7 +112,7 @@ def test_composer_after_the_fix_has_no_cycle_held_memory():
     trainer = FixedTrainer()
     with collector_paused(), torchmem.GrowthMonitor(warmup=1, by_site=False) as monitor:
         with torchmem.leak_check(raise_on_leak=False) as report:
-            run_composer_like_training(trainer, steps=5, monitor=monitor)
+            run_composer_like_training(trainer, steps=10, monitor=monitor)
 
     assert report.cycle == []
     assert not monitor.report().has_growth

@@ -187,6 +187,13 @@ def test_deep_stacks_are_truncated_to_the_innermost_frames():
 # --- the GIL -----------------------------------------------------------------
 
 
+def test_every_supported_python_reads_frames_without_the_gil():
+    """CPython 3.10 to 3.13 each have a frame walker (csrc/torchmem/python/frame_walk_*.c);
+    a build that silently fell back to the GIL-taking path would cost ~1 us per allocation."""
+    assert (3, 10) <= sys.version_info[:2] <= (3, 13)
+    assert _C.capture_stats()["gil_free_walk"] is True
+
+
 def test_capture_runs_without_the_gil_under_torch_ops():
     """torch.empty releases the GIL before allocating; torch.tensor(list) keeps it."""
     before = _C.capture_stats()

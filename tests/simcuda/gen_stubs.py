@@ -93,15 +93,29 @@ def find_declaration(text, name):
     return None
 
 
+_RAW_HEADERS = {}
+
+
+def raw_headers(include_dir):
+    """The text of every header directly in `include_dir`, read once."""
+    if include_dir not in _RAW_HEADERS:
+        texts = []
+        for entry in sorted(os.listdir(include_dir)):
+            if entry.endswith(".h"):
+                with open(os.path.join(include_dir, entry), errors="replace") as f:
+                    texts.append(f.read())
+        _RAW_HEADERS[include_dir] = texts
+    return _RAW_HEADERS[include_dir]
+
+
 def raw_return_type(include_dir, name):
     """Return type of `name` in any raw header (interop headers such as
     cuda_gl_interop.h need system headers this machine may not have)."""
     pattern = re.compile(r"([\w\s\*]+?)\s+CUDARTAPI\s+%s\s*\(" % re.escape(name))
-    for entry in sorted(os.listdir(include_dir)):
-        if not entry.endswith(".h"):
+    for text in raw_headers(include_dir):
+        if name not in text:
             continue
-        with open(os.path.join(include_dir, entry), errors="replace") as f:
-            match = pattern.search(f.read())
+        match = pattern.search(text)
         if match:
             return match.group(1).split()[-1]
     return None
@@ -166,10 +180,18 @@ def cmd_runtime(args):
            "",
            "// NOLINTBEGIN",
            'extern "C" {']
+    # Names the headers #define to another call (CUDA 12: cudaGetDeviceProperties
+    # -> cudaGetDeviceProperties_v2) whose old export the library keeps: the
+    # stub of the old symbol must not be renamed by the macro.
+    macros = set(re.findall(r"^#define (\w+)", preprocess(
+        args.cc, args.include, ["cuda_runtime_api.h", "cuda_profiler_api.h"], macros_only=True),
+        re.M))
     problems = []
     for name in exports:
         if name in implemented:
             continue
+        if name in macros:
+            out.append("#undef %s" % name)
         decl = find_declaration(text, name)
         if decl:
             ret, params = decl

@@ -6,7 +6,8 @@ Two halves:
   libraries and ``environment(...)`` returns the environment for a subprocess
   that should run on the simulated device (``LD_PRELOAD`` plus any
   ``SIMCUDA_*`` settings). The preload must be in place before the process
-  starts: PyTorch's libraries find ``libcudart.so.13`` through DT_RPATH, which
+  starts: PyTorch's libraries find ``libcudart.so.13`` (``.12`` for torch's
+  CUDA 12 builds) through DT_RPATH, which
   only ``LD_PRELOAD`` overrides.
 * In that subprocess: ``Control()`` wraps the ``simcuda_*`` control API
   (simcuda_control.h) with ctypes: capacity, device count, event mode,
@@ -26,8 +27,13 @@ import ctypes
 import os
 from pathlib import Path
 
-RUNTIME_NAME = "libcudart.so.13"
+# The fake runtime's file name is its SONAME, which follows the CUDA major
+# version it was built for (tests/simcuda/CMakeLists.txt): libcudart.so.13,
+# or libcudart.so.12 for torch's CUDA 12 builds. A build directory holds one.
+RUNTIME_NAMES = ("libcudart.so.13", "libcudart.so.12")
+RUNTIME_NAME = RUNTIME_NAMES[0]  # the default build's; see runtime_name()
 DRIVER_NAME = "libcuda.so.1"
+NVML_NAME = "libnvidia-ml.so.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_COMMAND = ("cmake -S tests/simcuda -B build/simcuda && "
                  "cmake --build build/simcuda -j2")
@@ -37,12 +43,25 @@ class SimcudaNotBuilt(RuntimeError):
     """The fake CUDA libraries were not found."""
 
 
+def _runtime_in(directory):
+    """The fake runtime's file name in `directory`, or None."""
+    for name in RUNTIME_NAMES:
+        if (directory / name).is_file():
+            return name
+    return None
+
+
 def _complete(directory):
-    return all((directory / name).is_file() for name in (RUNTIME_NAME, DRIVER_NAME))
+    return _runtime_in(directory) is not None and (directory / DRIVER_NAME).is_file()
+
+
+def runtime_name(directory=None):
+    """File name (= SONAME) of the fake runtime in `directory` (default: library_dir())."""
+    return _runtime_in(Path(directory) if directory is not None else library_dir())
 
 
 def library_dir():
-    """Directory holding the built libcudart.so.13 and libcuda.so.1.
+    """Directory holding the built fake runtime (libcudart.so.13 or .12) and libcuda.so.1.
 
     ``$TORCHMEM_SIMCUDA_DIR`` if set, else the newest ``build/*/simcuda`` under
     the repository root (what ``add_subdirectory(tests/simcuda)`` or a
@@ -61,27 +80,36 @@ def library_dir():
         raise SimcudaNotBuilt(
             f"the simulated CUDA device is not built (no build/*/simcuda/{RUNTIME_NAME} under "
             f"{REPO_ROOT}); build it from the repository root with: {BUILD_COMMAND}")
-    return max(candidates, key=lambda d: (d / RUNTIME_NAME).stat().st_mtime).resolve()
+    return max(candidates, key=lambda d: (d / _runtime_in(d)).stat().st_mtime).resolve()
 
 
-def preload():
-    """The LD_PRELOAD value: absolute paths of the fake runtime and driver."""
+def preload(nvml=False):
+    """The LD_PRELOAD value: absolute paths of the fake runtime and driver,
+    and of the fake NVML if ``nvml``."""
     directory = library_dir()
-    return f"{directory / RUNTIME_NAME}:{directory / DRIVER_NAME}"
+    libraries = [directory / _runtime_in(directory), directory / DRIVER_NAME]
+    if nvml:
+        if not (directory / NVML_NAME).is_file():
+            raise SimcudaNotBuilt(f"{directory} has no {NVML_NAME}; rebuild it with: "
+                                  f"{BUILD_COMMAND}")
+        libraries.append(directory / NVML_NAME)
+    return ":".join(str(library) for library in libraries)
 
 
 def environment(base=None, *, device_count=None, memory_bytes=None, event_mode=None,
-                faults=None, trace=None):
+                faults=None, trace=None, nvml=False):
     """Environment for a subprocess running on the simulated device.
 
     ``base`` defaults to ``os.environ``. ``memory_bytes`` takes an int or a
     size string ("80G", "512MiB", or a comma list per device); ``event_mode``
     is "immediate" or "manual"; ``faults`` a SIMCUDA_FAULTS spec; ``trace`` a
-    file that gets the list of CUDA calls made (see README.md).
+    file that gets the list of CUDA calls made (see README.md). ``nvml`` also
+    preloads the fake NVML, which PyTorch's ``expandable_segments:True`` needs
+    (a real machine always has NVML; torch 2.14 calls it unchecked there).
     """
     env = dict(os.environ if base is None else base)
     existing = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = preload() + (":" + existing if existing else "")
+    env["LD_PRELOAD"] = preload(nvml) + (":" + existing if existing else "")
     for key, value in (("SIMCUDA_DEVICE_COUNT", device_count),
                        ("SIMCUDA_MEMORY_BYTES", memory_bytes),
                        ("SIMCUDA_EVENT_MODE", event_mode),
@@ -111,6 +139,13 @@ _MODES = {"immediate": 0, "manual": 1}
 _ULL = ctypes.c_ulonglong
 
 
+class _VmmStats(ctypes.Structure):
+    """simcuda_vmm_stats_t (simcuda_control.h)."""
+    _fields_ = [(name, _ULL) for name in (
+        "reservations", "reserved_bytes", "allocations", "allocated_bytes", "mappings",
+        "mapped_bytes", "accessible_bytes")]
+
+
 def _handle(obj):
     """A cudaStream_t / cudaEvent_t from an int, None, or a torch Stream/Event."""
     if obj is None:
@@ -126,13 +161,20 @@ class Control:
     ``environment()`` (raises SimcudaNotBuilt-style RuntimeError otherwise)."""
 
     def __init__(self):
-        try:
-            lib = ctypes.CDLL(RUNTIME_NAME, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-            lib.simcuda_is_simulated
-        except (OSError, AttributeError) as error:
+        lib = None
+        for name in RUNTIME_NAMES:
+            try:
+                candidate = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+                candidate.simcuda_is_simulated
+                lib = candidate
+                break
+            except (OSError, AttributeError) as error:
+                last_error = error
+        if lib is None:
             raise RuntimeError(
                 "this process does not run on the simulated CUDA device: start it with "
-                "simcuda.environment() (LD_PRELOAD of the fake libcudart.so.13)") from error
+                "simcuda.environment() (LD_PRELOAD of the fake libcudart.so.13 or .12)"
+            ) from last_error
         self._lib = lib
         signatures = {
             "simcuda_set_device_count": (ctypes.c_int, [ctypes.c_int]),
@@ -156,6 +198,7 @@ class Control:
             "simcuda_write_trace": (ctypes.c_int, [ctypes.c_char_p]),
             "simcuda_reset": (None, []),
             "simcuda_error_code": (ctypes.c_int, [ctypes.c_char_p]),
+            "simcuda_vmm_stats": (None, [ctypes.POINTER(_VmmStats)]),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
@@ -191,6 +234,14 @@ class Control:
 
     def reset_peak_bytes(self, device=0):
         self._lib.simcuda_reset_peak_bytes(device)
+
+    def vmm_stats(self):
+        """The driver's virtual memory (cuMemAddressReserve, cuMemCreate,
+        cuMemMap): reservations, live physical allocations, mappings, as a dict
+        of counts and bytes (simcuda_vmm_stats_t)."""
+        stats = _VmmStats()
+        self._lib.simcuda_vmm_stats(ctypes.byref(stats))
+        return {name: getattr(stats, name) for name, _ in _VmmStats._fields_}
 
     # Completion model ------------------------------------------------------
     def set_event_mode(self, mode):

@@ -37,7 +37,9 @@ int simcuda_set_device_count(int count);
 int simcuda_get_device_count(void);
 
 /* Memory: capacity (device -1 = every device, and devices added later),
- * bytes in use (charged in 256-byte units), peak, live allocation count. */
+ * bytes in use (charged in 256-byte units), peak, live allocation count. The
+ * driver's physical allocations (cuMemCreate) count in all three, one
+ * allocation each. */
 int simcuda_set_memory_capacity(int device, unsigned long long bytes);
 unsigned long long simcuda_get_memory_capacity(int device);
 unsigned long long simcuda_live_bytes(int device);
@@ -77,6 +79,22 @@ unsigned long long simcuda_call_count(const char* call);
 void simcuda_reset_call_counts(void);
 /* Appends the trace (see SIMCUDA_TRACE) of both libraries to `path` now. */
 int simcuda_write_trace(const char* path);
+
+/* The driver's virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
+ * cuMemSetAccess): address reservations, live physical allocations (their
+ * bytes are also in simcuda_live_bytes of their device, one live allocation
+ * each), mappings, and mapped bytes some device may access. All zero if the
+ * fake driver cannot be found. */
+typedef struct simcuda_vmm_stats_st {
+  unsigned long long reservations;
+  unsigned long long reserved_bytes;
+  unsigned long long allocations;
+  unsigned long long allocated_bytes;
+  unsigned long long mappings;
+  unsigned long long mapped_bytes;
+  unsigned long long accessible_bytes;
+} simcuda_vmm_stats_t;
+void simcuda_vmm_stats(simcuda_vmm_stats_t* stats);
 
 /* Back to the configured state: completes all work, ends captures, clears
  * faults and counters, restores the event mode and capacities from the

@@ -5,6 +5,7 @@
     python -m torchmem run --snapshot mem.pickle --json report.json train.py
     python -m torchmem run --rss train.py            # plus host RAM per process (RSS)
     python -m torchmem demo                          # the Composer metrics leak, found
+    torchrun --nproc-per-node=8 -m torchmem run train.py   # one report for the whole job
 
 ``run`` installs torchmem before the program starts (the CPU always, CUDA too when a
 device is available: PyTorch lets an allocator be swapped only before CUDA's first use),
@@ -21,6 +22,13 @@ runs it as ``__main__`` with its arguments, and when it ends prints to stderr:
 
 The program's exit code is kept: ``sys.exit(n)`` gives ``n``; an uncaught exception
 prints its traceback and gives 1, as with ``python script.py``.
+
+Under a launcher (``torchrun ... -m torchmem run train.py``, or any launcher that sets
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), every rank runs the script under torchmem
+and rank 0 prints one report for the job instead: a row per rank, the imbalance between
+ranks, every rank's leaks (``torchmem.distributed.launcher`` says how, and what happens
+when a rank crashes or the ranks disagree). ``--snapshot``/``--json`` then write one file
+per rank, and rank 0 the combined JSON.
 
 When the report runs. Python finishes a program in this order: wait for its threads,
 run its ``atexit`` functions, release its modules' globals. ``run`` reports at exactly
@@ -99,6 +107,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only the summary: no leak check (and no stack capture) while the script runs",
     )
+    run.add_argument(
+        "--dist-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="under a launcher (torchrun, or RANK/WORLD_SIZE set): seconds the ranks wait for each other "
+        "before the script and for the job report at exit (default 300)",
+    )
+    run.add_argument(
+        "--no-job-report",
+        action="store_true",
+        help="under a launcher: every rank prints its own report, instead of rank 0 one report for the job",
+    )
     # REMAINDER: everything after "-m module" is the module's own arguments, options included.
     run.add_argument(
         "-m", dest="module", nargs=argparse.REMAINDER, metavar="module", help="run a module as a script, like python -m"
@@ -120,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto = CPU tensors, and CUDA tensors too when a device is available (default)",
     )
-    demo.add_argument("--steps", type=int, default=6, help="training steps per loop (default 6; 3 to 100)")
+    demo.add_argument("--steps", type=int, default=10, help="training steps per loop (default 10; 3 to 100)")
     return parser
 
 
@@ -209,10 +230,47 @@ def _install(device: str) -> list[str]:
     return served
 
 
+def _job_run(args: argparse.Namespace):
+    """The launch this process is a rank of (``torchmem.distributed.launcher``), or None."""
+    from torchmem.distributed import launcher
+
+    if args.dist_timeout is not None and not args.dist_timeout > 0:
+        raise _UsageError(f"--dist-timeout must be seconds > 0, got {args.dist_timeout:g}")
+    try:
+        env = launcher.detect()
+    except launcher.LaunchError as error:
+        raise _UsageError(str(error)) from None
+    if env is None:
+        return None
+    args.rank_label = f" (rank {env.rank} of {env.world_size})"
+    if args.no_job_report:
+        return None
+    return launcher.RunJob(env, launcher.DEFAULT_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout)
+
+
+def _job_options(args: argparse.Namespace) -> dict:
+    """The options every rank must share for their reports to combine (compared at start)."""
+    return {
+        "--device": args.device,
+        "--no-leak-report": bool(args.no_leak_report),
+        "--rss": bool(args.rss),
+        "--snapshot": args.snapshot is not None,
+        "--json": args.json is not None,
+        "--history-entries": args.history_entries,
+    }
+
+
 def _run_command(args: argparse.Namespace) -> int:
     target = _target(args)
-    snapshot_path = _check_writable("--snapshot", args.snapshot) if args.snapshot else None
-    json_path = _check_writable("--json", args.json) if args.json else None
+    job = _job_run(args)
+    snapshot_arg, json_arg = args.snapshot, args.json
+    if job is not None:
+        # One file per rank, the rank in its name; rank 0 also writes the combined JSON.
+        snapshot_arg, json_arg = job.per_rank(args.snapshot), job.per_rank(args.json)
+        if job.env.rank == 0 and args.json:
+            job.combined_json_path = _check_writable("--json", args.json)
+    snapshot_path = _check_writable("--snapshot", snapshot_arg) if snapshot_arg else None
+    json_path = _check_writable("--json", json_arg) if json_arg else None
     if args.history_entries is not None:
         if args.history_entries < 0:
             raise _UsageError(f"--history-entries must be >= 0, got {args.history_entries}")
@@ -223,6 +281,14 @@ def _run_command(args: argparse.Namespace) -> int:
         raise _UsageError(f"can't open file {target.script!r}: {reason}")
 
     served = _install(args.device)
+    if job is not None:
+        from torchmem.distributed.launcher import LaunchError
+
+        try:
+            job.start(_job_options(args))
+        except LaunchError as error:
+            print(f"{PROG} run (rank {job.env.rank} of {job.env.world_size}): {error}", file=sys.stderr)
+            return EXIT_USAGE
     from torchmem.reports import snapshot as _snapshot
 
     # Resolved after installing: finding a module imports its parent packages, which may
@@ -241,7 +307,10 @@ def _run_command(args: argparse.Namespace) -> int:
     if snapshot_path is not None:
         entries = _snapshot.DEFAULT_MAX_ENTRIES if args.history_entries is None else args.history_entries
         _snapshot.record_trace(entries)
-    session = _Session(target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss)
+    session = _Session(
+        target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss, job=job
+    )
+    session.rank_label = getattr(args, "rank_label", "")
     # Registered before the script runs, so called after every atexit function it registers.
     atexit.register(session.finish)
     session.start()
@@ -330,8 +399,11 @@ class _Session:
     """Everything ``run`` reports at exit, and the leak check around the script."""
 
     def __init__(
-        self, target: _Target, served: list[str], snapshot_path, json_path, *, leak_report: bool, rss: bool = False
+        self, target: _Target, served: list[str], snapshot_path, json_path, *, leak_report: bool, rss: bool = False,
+        job=None,
     ):
+        self.job = job  # torchmem.distributed.launcher.RunJob when a launcher started many ranks
+        self.rank_label = ""  # " (rank r of n)" when a launcher started this process
         self.target = target
         self.served = served
         self.snapshot_path = snapshot_path
@@ -361,6 +433,8 @@ class _Session:
         from torchmem.reports import snapshot as _snapshot
         from torchmem.reports import summary as _summary
 
+        if self.job is not None:
+            self.job.entering_report()
         try:
             sys.stdout.flush()  # the script's output first
         except (OSError, ValueError):  # closed or broken by the script: nothing to keep in order
@@ -396,7 +470,7 @@ class _Session:
                 self._report = None
 
         label = self.target.label
-        lines = ["", "=" * 78, f"torchmem: {label} exited with code {self.exit_code}", ""]
+        lines = ["", "=" * 78, f"torchmem: {label}{self.rank_label} exited with code {self.exit_code}", ""]
         lines.append(_summary.render(summary))
         if self._report is not None:
             lines += ["", _leak_header(held_by_globals), self._report.render()]
@@ -418,7 +492,13 @@ class _Session:
             except OSError as error:
                 problems.append(f"could not write the JSON report: {error}")
         lines += [f"torchmem: {problem}" for problem in problems]
-        print("\n".join(lines), file=out)
+        local_text = "\n".join(lines)
+        if self.job is not None:
+            files = {"snapshot": self.snapshot_path, "json": self.json_path}
+            self.job.finish(summary=summary, leak_report=self._report, exit_code=self.exit_code, files=files,
+                            label=label, local_text=local_text)
+            return
+        print(local_text, file=out)
         out.flush()
 
     def _rss_at_exit(self):
@@ -447,6 +527,8 @@ class _Session:
     def _json(self, summary: dict, held_by_globals: int) -> dict:
         return {
             "target": {"script": self.target.script, "module": self.target.module, "args": self.target.args},
+            "rank": None if self.job is None else self.job.env.rank,
+            "world_size": None if self.job is None else self.job.env.world_size,
             "exit_code": self.exit_code,
             "devices": self.served,
             "summary": summary,

@@ -15,14 +15,17 @@ as it reads" says the same for users):
    decorated function returns, and everything left by warm-up entries are **allowed**;
 3. the rest: with ``gc_collect``, one collection with ``gc.DEBUG_SAVEALL`` keeps the
    garbage for inspection (which cycle holds which block), then a normal collection frees
-   it. A block that is gone afterwards was held by a reference cycle (**cycle**); one
-   still allocated, with the same sequence number (an address can be reused at once), is
-   **reachable** and ``_owners.find_owners`` names its holders.
+   it. A block that is gone afterwards was held by a reference cycle (**cycle**; whether
+   that counts as leaked is the cycle policy's call, ``cycles=``); one still allocated,
+   with the same sequence number (an address can be reused at once), is **reachable** and
+   ``owners.find_owners`` names its holders (**allowed** when only objects passed in
+   ``allow_held_by`` hold it).
 
-Cost: a check that leaves nothing behind costs a scope open and close (plus stack capture
-while open, a fraction of a microsecond per allocation) and no garbage collection. One
-with survivors pays up to two full collections and the owner search (one pass over the
-heap per level of referrers): about a second in a pytest process of 300,000 objects.
+Cost: a check that leaves nothing behind costs a scope open and close, an O(1) freeze and
+thaw of the collector's generations (``collector``) and stack capture while open (a
+fraction of a microsecond per allocation); no garbage collection. One with survivors
+collects only the objects made while it was open, and runs the owner search for blocks
+that survive that.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import torch
 
 from torchmem._support.locks import ForkSafeLock
 from torchmem.runtime import devices as _devices
+from torchmem.leaks import collector
+from torchmem.leaks import cycle_policy
 from torchmem.leaks import owners as _owners
 from torchmem.stacks import capture as stack_capture
 from torchmem import _C
@@ -69,6 +74,7 @@ class _OpenCheck:
     report: LeakReport
     site: str
     capture: object = None
+    freeze: object = None
     expected: set = field(default_factory=set)  # (device, address, sequence)
     returned: set = field(default_factory=set)  # the same, for what a decorated function returned
 
@@ -76,6 +82,23 @@ class _OpenCheck:
 def _caller_site(depth: int) -> str:
     frame = sys._getframe(depth)
     return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _normalize_held_by(allow_held_by) -> tuple:
+    """``{name: object}`` -> AllowedRoots; names say how reports start paths through them."""
+    if allow_held_by is None:
+        return ()
+    if not isinstance(allow_held_by, dict):
+        raise TypeError(
+            "torchmem.leak_check: allow_held_by must be a dict {name: object} (memory held only through "
+            f"these objects is allowed; the name is how reports call it), got {type(allow_held_by).__name__}"
+        )
+    roots = []
+    for name, obj in allow_held_by.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"torchmem.leak_check: allow_held_by names must be non-empty str, got {name!r}")
+        roots.append(_owners.AllowedRoot(name, obj, f"held only through {name}, which allow_held_by allows"))
+    return tuple(roots)
 
 
 def _normalize_tags(allow_tags) -> frozenset[str]:
@@ -169,7 +192,8 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         gc_collect: run ``gc.collect()`` at the end, so memory held only by reference
             cycles is told apart (kind ``cycle``) from memory something still holds
             (``reachable``). Without it every survivor is ``reachable``.
-        allow_tags: tag names (``torchmem.tag``) whose blocks may survive.
+        allow_tags: tag names (``torchmem.tag``) whose blocks may survive; ``"untagged"``
+            (the name reports give memory allocated outside every tag) allows those.
         warmup: the first ``warmup`` entries of this object report survivors as
             ``allowed`` (an optimizer creating its state on step 1, lazy caches).
         capture_stacks: record the Python stack of allocations made inside, for the
@@ -178,6 +202,15 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             int or a size string like ``"64 KiB"``.
         devices: only report blocks of these devices (``"cpu"``, ``"cuda:0"``, ...);
             default all devices torchmem serves.
+        cycles: when memory that only a reference cycle held counts as leaked:
+            ``"repeating"`` (default: when one allocation stack and holder type left
+            ``cycle_repeats`` cycles in this entry, or cycles in the previous entry too: the
+            Composer bug; an object that merely lives in a cycle is reported, not counted),
+            ``"always"`` or ``"never"``. See ``torchmem.leaks.cycle_policy``.
+        cycle_repeats: separate cycles (int >= 2, default 8) that make ``"repeating"`` count.
+        allow_held_by: ``{name: object}``: memory held only through these objects is
+            allowed (reported with the path from ``name``), e.g. a model whose caches may
+            keep what the checked code computed.
 
     ``with torchmem.leak_check() as report:`` binds the entry's ``LeakReport`` (filled on
     exit); ``check.report`` is the latest one. Locals of the enclosing function that still
@@ -195,6 +228,9 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         capture_stacks: bool = True,
         max_leaked_bytes: int | str = 0,
         devices=None,
+        cycles: str = cycle_policy.REPEATING,
+        cycle_repeats: int = cycle_policy.DEFAULT_REPEATS,
+        allow_held_by: dict | None = None,
     ):
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"torchmem.leak_check: warmup must be an int >= 0 (entries to allow), got {warmup!r}")
@@ -205,6 +241,11 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self.capture_stacks = bool(capture_stacks)
         self.max_leaked_bytes = parse_bytes(max_leaked_bytes, what="torchmem.leak_check: max_leaked_bytes")
         self.devices = _normalize_devices(devices)
+        self.cycles = cycle_policy.normalize_policy(cycles)
+        self.cycle_repeats = cycle_policy.normalize_repeats(cycle_repeats)
+        self.allowed_roots = _normalize_held_by(allow_held_by)
+        # Cycle groups (allocation stack, holder type) the previous non-warm-up entry left.
+        self.previous_cycle_keys: frozenset = frozenset()
         self.entries = 0
         self.report: LeakReport | None = None
         self._open: _OpenCheck | None = None
@@ -230,7 +271,9 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             )
         self.entries += 1
         report = LeakReport(
-            entry=self.entries, warmup=self.entries <= self.warmup, max_leaked_bytes=self.max_leaked_bytes
+            entry=self.entries, warmup=self.entries <= self.warmup, max_leaked_bytes=self.max_leaked_bytes,
+            cycle_policy=self.cycles if self.cycles != cycle_policy.REPEATING
+            else f"{self.cycles} ({self.cycle_repeats})",
         )
         capture = None
         if self.capture_stacks:
@@ -242,7 +285,8 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             if capture is not None:
                 capture.__exit__(None, None, None)
             raise
-        entry = _OpenCheck(scope=scope, thread=threading.get_ident(), report=report, site=site, capture=capture)
+        entry = _OpenCheck(scope=scope, thread=threading.get_ident(), report=report, site=site, capture=capture,
+                           freeze=collector.open_freeze())
         self._open = entry
         _thread_stack().append(entry)
         with _open_checks_lock:
@@ -260,6 +304,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                     "opened inside it directly with torchmem._C.open_scope is still open: close that first"
                 ) from error
             self._unregister(entry)
+            collector.close_freeze(entry.freeze)
             raise RuntimeError(
                 f"torchmem.leak_check (entered at {entry.site}): its scope was already closed, by a direct "
                 "torchmem._C.close_scope call; leave leak-check scopes to leak_check"
@@ -267,12 +312,15 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self._unregister(entry)
         report = entry.report
         self.report = report
-        if exc_type is not None:
-            # The traceback keeps the failing frames' locals alive: whatever is left would
-            # be noise, and the original error matters more.
-            report.aborted = f"{exc_type.__name__}: {exc}"
-            return False
-        Classifier(self, entry, survivors).run()
+        try:
+            if exc_type is not None:
+                # The traceback keeps the failing frames' locals alive: whatever is left would
+                # be noise, and the original error matters more.
+                report.aborted = f"{exc_type.__name__}: {exc}"
+                return False
+            Classifier(self, entry, survivors).run()
+        finally:
+            collector.close_freeze(entry.freeze)
         report.finished = True
         if self.raise_on_leak and not report.warmup and report.exceeds_limit:
             raise LeakError(report)

@@ -1,17 +1,28 @@
 """Classifying what a closed leak-check scope left behind (see ``torchmem.leaks.check``).
 
 Survivors of the scope become findings: **allowed** (tag, ``expect_alive``, returned by a
-decorated function, warm-up entry), **pending** (freed, waiting for other streams),
-**cycle** (freed by the collection this module runs: only a reference cycle held them)
-or **reachable** (still allocated after it: ``_owners.find_owners`` names the holders).
+decorated function, warm-up entry, or held only through an object the check was told
+to allow, such as a pytest test's arguments), **pending** (freed, waiting for other
+streams), **cycle** (freed by the collection this module runs: only a reference cycle
+held them; counted as leaked or not by ``torchmem.leaks.cycle_policy``) or **reachable**
+(still allocated after it: ``owners.find_owners`` names the holders).
+
+Cost: the collections visit only objects made while the check was open
+(``torchmem.leaks.collector``); the owner search runs only for blocks that survive them.
 """
 
 from __future__ import annotations
 
 import gc
+import time
+from dataclasses import replace
 
 from torchmem.runtime import devices as _devices
+from torchmem.runtime.tags import UNTAGGED
+from torchmem.leaks import collector
+from torchmem.leaks import cycle_policy
 from torchmem.leaks import owners as _owners
+from torchmem.leaks.tensors import device_key
 from torchmem.stacks import frames as stack_frames
 from torchmem.leaks.report import ALLOWED, CYCLE, PENDING, REACHABLE, Finding
 
@@ -25,12 +36,21 @@ class Classifier:
         self.report = entry.report
         self.survivors = survivors
         self.engines: dict[str, object] = {}
+        self.released_meanwhile: set = set()  # (device, address) freed by other threads, not by gc
 
     def run(self) -> None:
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        try:
+            self._run()
+        finally:
+            self.report.analysis_seconds = time.perf_counter() - started
+            self.report.analysis_cpu_seconds = time.thread_time() - started_cpu
+
+    def _run(self) -> None:
         candidates = []  # (device, block) still allocated at scope end and not allowed
         for group in self.survivors:
             try:
-                device = _owners.device_key(group["device"])
+                device = device_key(group["device"])
                 self._engine(device)
             except (RuntimeError, ValueError):
                 continue  # an engine no PyTorch device maps to (a test engine): nothing to analyze
@@ -55,31 +75,78 @@ class Classifier:
         if self.check.gc_collect:
             freed, holders = self._collect_cycles(candidates)
             self.report.gc_collected = True
+        candidates = [(device, block) for device, block in candidates
+                      if (device, block["address"]) not in self.released_meanwhile]
         reachable = [(device, block) for device, block in candidates if (device, block["address"]) not in freed]
-        owners = {}
+        search = None
         if reachable:
-            search = _owners.find_owners([(device, block["address"], block["size"]) for device, block in reachable])
-            owners = search.owners
+            search = _owners.find_owners(
+                [(device, block["address"], block["size"]) for device, block in reachable],
+                allowed_roots=self.check.allowed_roots,
+            )
             self.report.owner_search_stopped_early = search.stopped_early
+            if (self.check.gc_collect and search.unnamed and not search.stopped_early and not collector.is_frozen()
+                    and collector.epoch_was_frozen(self.entry.freeze)):
+                # The walk had to look beyond the objects made during the check (something
+                # older holds them), went through every referrer and found no named root: that
+                # is what garbage older than the check looks like (frozen, so not collected by
+                # the first pass). Collect the whole heap to be sure. A walk stopped by its
+                # budget, or one that never left the new objects, is not worth a collection.
+                collector.thaw()
+                late_freed, late_holders = self._collect_cycles(
+                    [(device, block) for device, block in reachable if (device, block["address"]) in search.unnamed]
+                )
+                freed |= late_freed
+                holders.update(late_holders)
         note = None if self.check.gc_collect else "gc.collect() was not run (gc_collect=False): cycles count as reachable"
+        cycle_findings = []
         for device, block in candidates:
             key = (device, block["address"])
+            if key in self.released_meanwhile:
+                continue  # released by another thread during the late collection: not left behind
             if key in freed:
                 holder = holders.get(key)
+                cycle_findings.append((len(self.report.findings), holder))
                 self._add(
                     CYCLE, device, block,
                     owners=(holder.owner,) if holder else (),
                     cycle_types=holder.cycle_types if holder else (),
                     cycle=holder.cycle if holder else None,
                 )
+                continue
+            owners = tuple(search.owners.get(key, ())) if search else ()
+            allowed = search.allowed.get(key) if search else None
+            if allowed is not None:
+                self._add(ALLOWED, device, block, owners=owners, note=allowed)
             else:
-                self._add(REACHABLE, device, block, owners=tuple(owners.get(key, ())), note=note)
+                self._add(REACHABLE, device, block, owners=owners, note=note or (search.notes.get(key) if search else None))
+        self._judge_cycles(cycle_findings)
+
+    def _judge_cycles(self, cycle_findings: list) -> None:
+        """Applies the cycle policy to the cycle-held findings of this entry."""
+        held = []
+        for index, holder in cycle_findings:
+            finding = self.report.findings[index]
+            holder_type = holder.holder_type if holder else ""
+            # Garbage not connected to other garbage: a wrapper holding many metric copies is one.
+            cycle_id = holder.island_id if holder else -index - 1  # unknown holders: one each
+            held.append((index, (finding.context, holder_type), cycle_id))
+        verdicts, keys = cycle_policy.judge(
+            held, policy=self.check.cycles, repeats=self.check.cycle_repeats,
+            previous=self.check.previous_cycle_keys,
+        )
+        if not self.report.warmup:
+            self.check.previous_cycle_keys = keys
+        for index, verdict in verdicts.items():
+            finding = self.report.findings[index]
+            self.report.findings[index] = replace(finding, counted=verdict.counted, note=verdict.note)
 
     def _allowed_reason(self, device: str, block: dict) -> str | None:
         if self.report.warmup:
             return f"warm-up entry {self.report.entry} of {self.check.warmup}"
-        if block["tag"] is not None and block["tag"] in self.check.allow_tags:
-            return f"tag {block['tag']!r} is allowed"
+        tag = block["tag"]
+        if tag in self.check.allow_tags or (tag is None and UNTAGGED in self.check.allow_tags):
+            return f"tag {tag if tag is not None else UNTAGGED!r} is allowed"
         identity = (device, block["address"], block["sequence"])
         if identity in self.entry.expected:
             return "declared with torchmem.expect_alive"
@@ -100,29 +167,28 @@ class Classifier:
         """Collects garbage; returns the candidates it freed and, for those used by tensors
         in the garbage, the cycle that held them.
 
-        The first collection runs with ``gc.DEBUG_SAVEALL``, so the garbage lands in
-        ``gc.garbage`` instead of being freed and can be searched for the tensors and their
-        cycles; the second frees it. (A program that set ``DEBUG_SAVEALL`` itself keeps
-        its garbage: those blocks stay allocated and show as reachable from ``gc.garbage``.)
+        The first collection keeps the garbage for inspection (``collector``), the second
+        frees it. While the collector is frozen both visit only objects made since the
+        check opened. (A program that set ``gc.DEBUG_SAVEALL`` itself keeps its garbage:
+        those blocks stay allocated and show as reachable from ``gc.garbage``.)
         """
         blocks = [(device, block["address"], block["size"]) for device, block in candidates]
-        flags = gc.get_debug()
-        kept_before = len(gc.garbage)  # the program's own uncollectable objects stay put
-        gc.set_debug(flags | gc.DEBUG_SAVEALL)
-        try:
-            gc.collect()
-        finally:
-            gc.set_debug(flags)
-        garbage = gc.garbage[kept_before:]
-        del gc.garbage[kept_before:]
+        garbage = collector.collect_saving_garbage()
+        # The saved garbage is still alive here, so a candidate already gone was released by
+        # something else (a Gloo worker dropping its last reference to a collective's tensor
+        # just after the collective returned), not by the garbage collector: not left behind.
+        released = {(device, block["address"]) for device, block in candidates
+                    if not self._still_allocated(device, block)}
+        self.released_meanwhile |= released
         if not garbage:
-            return set(), {}  # nothing was unreachable: every candidate is still held
+            return set(), {}  # nothing was unreachable: every candidate left is still held
         try:
             holders = _owners.find_cycle_holders(blocks, garbage)
         finally:
             del garbage
         gc.collect()  # frees what the first pass only saved
-        freed = {(device, block["address"]) for device, block in candidates if not self._still_allocated(device, block)}
+        freed = {(device, block["address"]) for device, block in candidates
+                 if not self._still_allocated(device, block)} - released
         return freed, {key: holder for key, holder in holders.items() if key in freed}
 
     def _add(self, kind: str, device: str, block: dict, *, owners=(), cycle_types=(), cycle=None, note=None) -> None:
@@ -141,6 +207,7 @@ class Classifier:
                 sequence=block["sequence"],
                 cycle=cycle,
                 note=note,
+                context=block["context"],
             )
         )
 

@@ -9,26 +9,53 @@ expression that evaluates back to the same object.
 from __future__ import annotations
 
 import gc
+import sys
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from torchmem.leaks.paths import Owner, edge_labels, object_name, render_path
-from torchmem.leaks.tensors import BlockIndex, locate_tensors
+from torchmem.leaks.tensors import BlockIndex, locate_tensors, script_module_starts
 
 
 @dataclass(frozen=True)
 class CycleHolder:
     """How unreachable garbage held a block: the cycle member closest to the block, the
-    path from it (``owner``), the types in the cycle and the cycle as an expression."""
+    path from it (``owner``), the types in the cycle and the cycle as an expression.
+
+    ``holder_type`` is that member's type name; ``cycle_id`` tells cycles apart within one
+    collection (blocks held by the same strongly connected component share it) and
+    ``island_id`` tells apart garbage that is not connected at all (a wrapper holding ten
+    metric copies, each in its own cycle, is one island; ten copies dropped one by one in
+    a loop are ten): the cycle policy counts islands per allocation stack and holder type.
+    """
 
     owner: Owner
     cycle_types: tuple
     cycle: str
-
-
+    holder_type: str = ""
+    cycle_id: int = 0
+    island_id: int = 0
 
 # --- unreachable cycles ----------------------------------------------------------------
+
+
+def _islands(nodes: list[int], edges: dict[int, list[int]]) -> dict[int, int]:
+    """Node -> weakly connected component (union-find over the edges, directions ignored)."""
+    parent = {node: node for node in nodes}
+
+    def root(node: int) -> int:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    for node in nodes:
+        for successor in edges.get(node, ()):
+            a, b = root(node), root(successor)
+            if a != b:
+                parent[a] = b
+    return {node: root(node) for node in nodes}
 
 
 def _strongly_connected(nodes: list[int], edges: dict[int, list[int]]) -> dict[int, int]:
@@ -82,6 +109,12 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
     it, and the cycle. Returns ``{(device, address): CycleHolder}``."""
     index = BlockIndex(blocks)
     starts = locate_tensors(index, garbage)
+    # Tensors the garbage holds through C++ (a TorchScript module) or through an object the
+    # collector does not track (a numpy array viewing it) are not in the garbage themselves.
+    for key, entries in script_module_starts(index, garbage).items():
+        starts[key].extend(entries)
+    for key, entries in _array_views(index, garbage).items():
+        starts[key].extend(entries)
     if not starts:
         return {}
     by_id = {id(obj): obj for obj in garbage}
@@ -92,7 +125,11 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
         forward[id(obj)] = successors
         for successor in successors:
             backward[successor].append(id(obj))
+    # After the graph is taken: naming edges reads instances' __dict__, which on 3.11+
+    # materializes dicts that are not in the garbage and would cut the edges through them.
+    starts = _lift_outside_starts(starts, garbage, by_id)
     component = _strongly_connected(list(by_id), forward)
+    island = _islands(list(by_id), forward)
     sizes: dict[int, int] = defaultdict(int)
     for root in component.values():
         sizes[root] += 1
@@ -104,8 +141,54 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
     for key, entries in starts.items():
         holder = _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle)
         if holder is not None:
-            holders[key] = holder
+            holders[key] = replace(holder, island_id=island[holder.cycle_id])
     return holders
+
+
+def _lift_outside_starts(starts: dict, garbage: list, by_id: dict) -> dict:
+    """Start objects that are not garbage themselves (a numpy array, a TorchScript module's
+    tensor reached through C++) are replaced by the garbage objects that refer to them."""
+    outside = {id(obj) for entries in starts.values() for obj, _ in entries if id(obj) not in by_id}
+    if not outside:
+        return starts
+    parents: dict[int, list] = defaultdict(list)
+    for obj in garbage:
+        for child in gc.get_referents(obj):
+            if id(child) in outside:
+                parents[id(child)].append(obj)
+    lifted: dict = defaultdict(list)
+    for key, entries in starts.items():
+        for obj, suffix in entries:
+            if id(obj) in by_id:
+                lifted[key].append((obj, suffix))
+                continue
+            for parent in parents.get(id(obj), ()):
+                lifted[key].append((parent, tuple(edge_labels(parent, obj)) + tuple(suffix)))
+    return lifted
+
+
+def _array_views(index: BlockIndex, garbage: list) -> dict:
+    """``(array, labels)`` starts for numpy arrays held by the garbage whose ``.base`` chain
+    ends at a tensor using a block (the arrays are untracked: never in the garbage list)."""
+    numpy = sys.modules.get("numpy")
+    found: dict = defaultdict(list)
+    if numpy is None:
+        return found
+    seen: set[int] = set()
+    for child in gc.get_referents(*garbage) if garbage else ():
+        if not issubclass(type(child), numpy.ndarray) or id(child) in seen:
+            continue
+        seen.add(id(child))
+        labels, base = [("attr", "base")], child.base
+        while isinstance(base, numpy.ndarray):
+            labels.append(("attr", "base"))
+            base = base.base
+        if base is None:
+            continue
+        for key, entries in locate_tensors(index, [base], follow_graphs=False).items():
+            for _, suffix in entries:
+                found[key].append((child, tuple(labels) + tuple(suffix)))
+    return found
 
 
 def _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle) -> CycleHolder | None:
@@ -123,7 +206,10 @@ def _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle) 
             member = by_id[node]
             owner = Owner(render_path(object_name(member), below), "cycle")
             types_in_cycle, expression = _describe_cycle(node, by_id, forward, component)
-            return CycleHolder(owner=owner, cycle_types=types_in_cycle, cycle=expression)
+            return CycleHolder(
+                owner=owner, cycle_types=types_in_cycle, cycle=expression,
+                holder_type=type(member).__qualname__, cycle_id=component[node],
+            )
         for parent in backward.get(node, ()):
             if parent not in down:
                 down[parent] = (node, ())
@@ -182,7 +268,11 @@ def _describe_cycle(start: int, by_id, forward, component) -> tuple[tuple, str]:
     for parent, child in zip(path, path[1:]):
         labels.extend(edge_labels(by_id[parent], by_id[child]))
     names = []
-    for node in path[:-1]:
+    for parent, node in zip([None, *path[:-2]], path[:-1]):
+        # An instance's __dict__ is part of the instance, not a member of the cycle of its
+        # own: Python 3.10 keeps it as a separate dict object on the path, 3.11+ inline.
+        if parent is not None and edge_labels(by_id[parent], by_id[node]) == [("dictof",)]:
+            continue
         name = type(by_id[node]).__name__
         if name not in names:
             names.append(name)

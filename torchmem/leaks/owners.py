@@ -6,50 +6,65 @@ A leak report is only useful if it says *what* keeps memory alive. Given engine 
 1. finds the Python objects that use each block (``locate_tensors``): tensors and untyped
    storages whose storage starts inside it, the ``.grad`` of leaf tensors, and tensors saved
    in autograd graphs (reached from the tensors that own the graphs);
-2. walks referrers upward from them, breadth first and for all blocks at once, until it
-   meets a **named root** (``find_owners``): a module global (``module.name``), a class
-   attribute (``module.Class.name``), or a local variable of a live frame
-   (``function():name`` with file:line); the path is rendered as Python reads it,
-   e.g. ``trainer.state.eval_metrics['acc'].tp``;
-3. for blocks kept only by garbage (``find_cycle_holders``), finds the reference cycle
+2. searches **down** from the roots it already knows, at no cost in heap passes: objects
+   the check was told to allow (``AllowedRoot``: a pytest test's parametrize values and
+   fixtures) and the locals of live frames; most holders are found here;
+3. walks referrers **up** from the rest, breadth first and for all blocks at once, until
+   it meets a **named root**: a module global (``module.name``), a class attribute
+   (``module.Class.name``), a live frame's local (``function():name`` with file:line) or an
+   allowed root. Roots inside the test runner's machinery (pytest's frames and globals)
+   are kept only as a last resort: behind them there is usually the user's object that
+   really keeps the memory (the module-level list a ``@pytest.mark.parametrize`` was given);
+4. explains what the walk cannot see: numpy arrays viewing a tensor (untracked by the
+   collector, so invisible to ``gc.get_referrers``: found from the tracked containers that
+   hold them), TorchScript modules, autograd graphs and other C++ holders, and never says
+   that no Python object refers to a tensor when its reference count says otherwise;
+5. for blocks kept only by garbage (``find_cycle_holders``), finds the reference cycle
    that holds them and names the types in it.
 
-Cost: this runs only when a leak check found survivors. Each level of the upward walk is
-one pass over the heap (``gc.get_referrers`` for small frontiers, one ``gc.get_referents``
-sweep with a set lookup for large ones), shared by all blocks, so hundreds of blocks cost
-about as much as one; budgets on depth and time bound it.
+Cost: this runs only for blocks that survived the check's collection. Step 2 visits a
+bounded number of objects; each level of step 3 is one pass over the heap
+(``gc.get_referrers``), shared by all blocks. While the collector is frozen
+(``torchmem.leaks.collector``) the tensors are looked for among the objects made during
+the check first.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import sys
 import time
 import types
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
 from typing import Iterable
 
+from torchmem.leaks import collector
 from torchmem.leaks.cycles import CycleHolder, find_cycle_holders
+from torchmem.leaks.frame_locals import local_items
 from torchmem._support.files import short_path
 from torchmem.leaks.paths import Owner, edge_labels, render_path
-from torchmem.leaks.tensors import BlockIndex, BlockKey, device_key, locate_tensors
+from torchmem.leaks.tensors import BlockIndex, BlockKey, device_key, locate_tensors, script_module_starts
+from torchmem.stacks.frames import RUNNER, origin
 
 __all__ = [
-    "Owner", "CycleHolder", "OwnerSearch", "BlockIndex", "BlockKey", "device_key", "locate_tensors",
-    "find_owners", "find_cycle_holders", "edge_labels", "render_path",
+    "Owner", "AllowedRoot", "CycleHolder", "OwnerSearch", "BlockIndex", "BlockKey", "device_key",
+    "locate_tensors", "find_owners", "find_cycle_holders", "edge_labels", "render_path",
 ]
 
 DEFAULT_MAX_DEPTH = 12
 DEFAULT_TIME_BUDGET = 10.0  # seconds, for one find_owners call
 DEFAULT_MAX_OWNERS = 3
+DEFAULT_NODE_BUDGET = 20_000  # objects the downward search may visit
 # Frontier sizes up to this use gc.get_referrers, whose cost grows with the number of
 # targets; above it one sweep with a set lookup is cheaper.
 _SMALL_FRONTIER = 48
 # Caps that keep a pathological heap (one object referenced from everywhere) from
 # swallowing the budget; paths through such objects are rarely the interesting ones.
 _MAX_FRONTIER_PER_BLOCK = 400
+_MAX_FROZEN_DEPTH = 64  # levels of the walk through objects made during the check
 _MAX_REFERRERS_PER_OBJECT = 64
 
 # The leak machinery itself: this package, and the pytest plugin that drives it.
@@ -63,12 +78,43 @@ def _is_own_file(filename: str) -> bool:
     return path.startswith(_LEAKS_DIR) or path == _PYTEST_PLUGIN
 
 
+def _is_runner_file(filename: str) -> bool:
+    """Code that only runs the user's (pytest, pluggy, runpy, threading): its locals and
+    globals hold the user's objects on the way, and are named only when nothing else is."""
+    return origin(filename) == RUNNER
+
+
+@dataclass(frozen=True)
+class AllowedRoot:
+    """An object the caller knows and names: paths through it start with ``name``. When
+    ``allowed``, blocks held only through it are reported as ``allowed`` with ``note``
+    (otherwise it only names holders, e.g. a pytest test's arguments under
+    ``allow_arguments=False``)."""
+
+    name: str
+    obj: object
+    note: str
+    allowed: bool = True
+
+
 @dataclass
 class OwnerSearch:
-    """Result of ``find_owners``: owners per block key, and whether a budget stopped it."""
+    """Result of ``find_owners``.
+
+    ``owners``: named holders per block key; ``allowed``: keys held only through allowed
+    roots, with the note that says why that is allowed; ``unnamed``: keys no named root
+    was found for, except ``held_outside``: those whose walk ended at an object nothing
+    the collector tracks refers to (C++, an untracked object; garbage could not be it);
+    ``notes``: what is known about holders the walk cannot name (C++, untracked
+    objects); ``stopped_early``: a budget stopped the walk.
+    """
 
     owners: dict
     stopped_early: bool
+    allowed: dict = field(default_factory=dict)
+    unnamed: set = field(default_factory=set)
+    notes: dict = field(default_factory=dict)
+    held_outside: set = field(default_factory=set)
 
 
 # --- named roots -----------------------------------------------------------------------
@@ -104,6 +150,63 @@ class _ModuleNames:
 
 _module_names = _ModuleNames()
 
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, types.ModuleType, type, types.FunctionType,
+          types.BuiltinFunctionType)
+
+
+class _GlobalValues:
+    """``id(value) -> (module name, global name)`` for the module globals that hold
+    containers and instances: a holder that is a module global is named when the walk
+    reaches it, without another pass over the heap for its module's dict. Built once per
+    ``sys.modules`` size (about 10 ms); entries are checked on use, so a global rebound
+    since then is not named wrongly (the walk finds it the slow way)."""
+
+    def __init__(self):
+        self._index: dict[int, tuple[str, str]] = {}
+        self._indexed: set[str] = set()
+        self._built_for = -1
+
+    def lookup(self, obj) -> tuple[str, str] | None:
+        if issubclass(type(obj), _ATOMS):  # type(): some proxies warn when asked for __class__
+            return None
+        if self._built_for != len(sys.modules):
+            self._rebuild()
+        found = self._index.get(id(obj))
+        if found is None:
+            return None
+        module = sys.modules.get(found[0])
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or namespace.get(found[1], _NOT_THERE) is not obj:
+            return None
+        return found
+
+    def _rebuild(self) -> None:
+        """Indexes the modules imported since the last time (entries of modules gone or
+        rebound fail the check on use)."""
+        index = self._index
+        for module_name, module in list(sys.modules.items()):
+            if module_name in self._indexed:
+                continue
+            self._indexed.add(module_name)
+            namespace = getattr(module, "__dict__", None) if isinstance(module, types.ModuleType) else None
+            if not isinstance(namespace, dict):
+                continue
+            for name, value in list(namespace.items()):
+                if not issubclass(type(value), _ATOMS) and not name.startswith("__"):
+                    index.setdefault(id(value), (module_name, name))
+        self._built_for = len(sys.modules)
+
+
+_NOT_THERE = object()
+_global_values = _GlobalValues()
+
+
+def warm_up() -> None:
+    """Indexes the module globals of every module imported so far (tens of milliseconds in a
+    large process), so that the first owner search does not pay for it: the pytest plugin
+    calls it once collection has imported the test modules."""
+    _global_values.lookup(_global_values)
+
 
 def _global_name(function) -> str | None:
     """``module.qualname`` if that name resolves to ``function``, else None."""
@@ -133,27 +236,103 @@ def _live_frames() -> list:
     return frames
 
 
-def _local_roots(frames: list, ignore: set) -> dict[int, list[tuple[str, str, str]]]:
-    """id(value) -> [(function, local name, file:line)] for the locals of live frames.
+@dataclass
+class _LocalRoots:
+    """The locals of live frames: ``by_id`` maps id(value) -> [(function, name, file:line)];
+    ``runner`` is the same for frames of the test runner's code (named only as a last
+    resort); ``values`` lists (root name, location, value) for the downward search."""
 
-    Reading ``f_locals`` materializes a dict on the frame (Python < 3.13); those dicts
-    are added to ``ignore`` so the walk does not mistake them for holders.
-    """
+    by_id: dict
+    runner: dict
+    values: list
+
+
+def _local_roots(frames: list, ignore: set) -> _LocalRoots:
+    """The locals of ``frames``, read without leaving snapshots behind (``frame_locals``)."""
     roots: dict[int, list] = defaultdict(list)
+    runner: dict[int, list] = defaultdict(list)
+    values = []
     for frame in frames:
         ignore.add(id(frame))
         code = frame.f_code
         if _is_own_file(code.co_filename):
             continue
-        namespace = frame.f_locals
-        if namespace is frame.f_globals:  # module-level code: its names are module globals
+        if not (code.co_flags & 0x1):  # CO_OPTIMIZED: module and class bodies are namespaces, not locals
             continue
-        ignore.add(id(namespace))
         function = getattr(code, "co_qualname", code.co_name)
         location = f"{short_path(code.co_filename)}:{frame.f_lineno}"
-        for name, value in namespace.items():
-            roots[id(value)].append((function, name, location))
-    return roots
+        target = runner if _is_runner_file(code.co_filename) else roots
+        for name, value in local_items(frame):
+            target[id(value)].append((function, name, location))
+            if target is roots:
+                values.append((f"{function}():{name}", location, value))
+    return _LocalRoots(roots, runner, values)
+
+
+# --- the downward search from known roots ----------------------------------------------
+
+
+def _children(obj) -> list:
+    """What the downward search follows from ``obj``: its referents, and for a numpy array
+    (which the collector does not track, so it reports no referents) its ``.base``."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray):
+        base = obj.base
+        return [] if base is None else [base]
+    return gc.get_referents(obj)
+
+
+_SKIP_DOWN = (type, types.ModuleType, types.FrameType, types.CodeType, types.BuiltinFunctionType, str, bytes)
+
+
+def _downward(roots: list, targets: dict, *, budget: int, deadline: float, skip: set) -> dict:
+    """Breadth first from every root at once, along referents, to the start objects.
+
+    ``roots``: ``(name, kind, location, note, object)``; ``targets``: ``id(start) ->
+    [(block key, suffix labels)]``. Returns ``{block key: [(Owner, note)]}`` with the
+    shortest path from each root that reaches a block's start objects. Module namespaces,
+    classes, code and frames are not entered (they lead everywhere); ``skip`` are ids not
+    to enter either (the search's own containers).
+    """
+    parent: dict[int, tuple] = {}  # id -> (parent id or None, root index)
+    nodes: dict[int, object] = {}
+    queue: deque = deque()
+    for index, (_, _, _, _, obj) in enumerate(roots):
+        if id(obj) not in parent and id(obj) not in skip:
+            parent[id(obj)] = (None, index)
+            nodes[id(obj)] = obj
+            queue.append(obj)
+    found: dict = defaultdict(list)
+    remaining = set(targets)
+    visited = 0
+    while queue and remaining and visited < budget:
+        obj = queue.popleft()
+        visited += 1
+        obj_id = id(obj)
+        if obj_id in targets:
+            remaining.discard(obj_id)
+            chain = [obj_id]
+            while parent[chain[-1]][0] is not None:
+                chain.append(parent[chain[-1]][0])
+            chain.reverse()
+            name, kind, location, note, _ = roots[parent[obj_id][1]]
+            labels: list = []
+            for above, below in zip(chain, chain[1:]):
+                labels.extend(edge_labels(nodes[above], nodes[below]))
+            for key, suffix in targets[obj_id]:
+                found[key].append((Owner(render_path(name, labels + list(suffix)), kind, location), note))
+        if visited % 512 == 0 and time.monotonic() > deadline:
+            break
+        if isinstance(obj, _SKIP_DOWN) or _module_names.name_of(obj) is not None:
+            continue
+        for child in _children(obj):
+            child_id = id(child)
+            if child_id in parent or child_id in skip or child is None:
+                continue
+            parent[child_id] = (obj_id, parent[obj_id][1])
+            nodes[child_id] = child
+            queue.append(child)
+    return found
 
 
 # --- the upward walk -------------------------------------------------------------------
@@ -162,24 +341,31 @@ def _local_roots(frames: list, ignore: set) -> dict[int, list[tuple[str, str, st
 class _UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
-    def __init__(self, starts: dict, objects: list, *, max_depth: int, deadline: float, max_owners: int):
-        self.objects = objects
+    def __init__(self, starts: dict, objects: list, local_roots: _LocalRoots, ignore: set, allowed: dict, *,
+                 max_depth: int, deadline: float, max_owners: int, new_objects: list | None = None):
+        self.new_objects = new_objects  # the objects made during the check, while frozen
         self.nodes: dict[int, object] = {}
         # The search's own containers refer to the objects it visits; they are never holders.
-        self.ignore: set[int] = {id(objects), id(self.nodes), id(starts)}
+        self.ignore: set[int] = set(ignore) | {id(objects), id(self.nodes), id(starts), id(self), id(self.__dict__)}
         for entries in starts.values():
             self.ignore.add(id(entries))
             self.ignore.update(map(id, entries))
-        frames = _live_frames()
-        self.local_roots = _local_roots(frames, self.ignore)
-        del frames
+        self.local_roots = local_roots
+        self.allowed = allowed  # id(object) -> AllowedRoot
         self.max_depth = max_depth
         self.deadline = deadline
         self.max_owners = max_owners
         self.down: dict = {}  # block key -> {node id: (child id | None, suffix labels, depth)}
         self.frontiers: dict = {}
         self.owners: dict = {key: [] for key in starts}
+        self.fallbacks: dict = {key: [] for key in starts}  # roots in the runner's machinery
+        self.allowed_notes: dict = {}  # block key -> note of the allowed root found
         self.found_at: dict = {}
+        # Nodes a pass over the whole heap found no referrer for: held from C++ or by an
+        # untracked object (not by garbage: garbage is tracked, and would refer to them).
+        self.no_referrers: set[int] = set()
+        self.hidden: set[int] = set()  # objects with references a frozen pass cannot see
+        self.unexplained: set[int] = set()  # ... that no pass over the whole heap explains
         for key, entries in starts.items():
             down = self.down[key] = {}
             frontier = self.frontiers[key] = []
@@ -194,16 +380,48 @@ class _UpwardSearch:
         for key, frontier in self.frontiers.items():
             for node in frontier:
                 self._check_local_root(key, node, 0)
+                self._check_allowed_root(key, node, 0)
+                self._check_global_value(key, self.nodes[node], node, 0)
+        # While the collector is frozen, a pass sees only the objects made during the check
+        # (cheap). Objects none of those refers to wait ("escapes") until the walk through
+        # new objects is done; then one pass over the whole heap, after a thaw, looks them
+        # up all at once and the walk goes on there.
+        frozen = collector.is_frozen()
+        escapes: dict = defaultdict(list)
         depth = 0
+        whole_heap_levels = 0
         while True:
             active = [key for key in self.frontiers if self._wants_more(key, depth)]
             if not active:
-                return
-            if depth >= self.max_depth or time.monotonic() > self.deadline:
+                waiting = [key for key in escapes if escapes[key] and not self.owners[key]]
+                if not waiting:
+                    return
+                if frozen and self._through_arrays(waiting, escapes, depth + 1):
+                    depth += 1
+                    continue  # numpy arrays made during the check hold some: walk on, still frozen
+                collector.thaw()
+                frozen = False
+                for key in waiting:
+                    self.frontiers[key] = escapes[key]
+                escapes.clear()
+                active = waiting
+            # max_depth bounds the passes over the whole heap; passes over the objects made
+            # during the check are cheap, and paths through them long (a matplotlib figure).
+            if (not frozen and whole_heap_levels >= self.max_depth) or depth >= _MAX_FROZEN_DEPTH \
+                    or time.monotonic() > self.deadline:
                 self.stopped_early = True
                 return
-            union = {node: self.nodes[node] for key in active for node in self.frontiers[key]}
+            whole_heap_levels += 0 if frozen else 1
+            union: dict[int, object] = {}
+            for key in active:
+                for node in self.frontiers[key]:
+                    union[node] = self.nodes[node]
             referrers = self._referrers(union)
+            if frozen:
+                for key in active:
+                    for node in self.frontiers[key]:
+                        if node in self.hidden or not referrers.get(node):
+                            escapes[key].append(node)
             del union
             depth += 1
             for key in active:
@@ -213,6 +431,29 @@ class _UpwardSearch:
                 if key not in active:
                     self.frontiers[key] = []
 
+    def _through_arrays(self, waiting: list, escapes: dict, depth: int) -> bool:
+        """Escaped objects that numpy arrays made during the check view (untracked, so no
+        pass finds them): the arrays become their referrers. True if any was found."""
+        wanted: set[int] = set()
+        for key in waiting:
+            for node in escapes[key]:
+                wanted.add(node)
+        viewers = _untracked_viewers(self.new_objects, wanted) if self.new_objects is not None else {}
+        self.ignore.add(id(viewers))
+        progressed = False
+        for key in waiting:
+            hit: list = []
+            rest: list = []
+            for node in escapes[key]:
+                (hit if node in viewers else rest).append(node)
+            if hit:
+                escapes[key] = rest
+                self.frontiers[key] = hit
+                self.frontiers[key] = self._expand(key, viewers, depth)
+                progressed = True
+        del viewers
+        return progressed
+
     def _wants_more(self, key, depth: int) -> bool:
         if not self.frontiers[key] or len(self.owners[key]) >= self.max_owners:
             return False
@@ -221,41 +462,80 @@ class _UpwardSearch:
         return first is None or depth <= first
 
     def _referrers(self, frontier: dict[int, object]) -> dict[int, list]:
+        """Referrers of the frontier's objects among the objects the collector tracks (only
+        those made during the check while it is frozen)."""
         targets = list(frontier.values())
         ignore = self.ignore | {id(frontier), id(targets)}
         if len(targets) <= _SMALL_FRONTIER:
             candidates = gc.get_referrers(*targets)
         else:
+            # One sweep with a set lookup; the list of every object is made here and dropped
+            # at once (kept on the search, it would hold the search and form a cycle).
             wanted = frontier.keys()
             get_referents = gc.get_referents
-            candidates = [obj for obj in self.objects if not wanted.isdisjoint(map(id, get_referents(obj)))]
-        del targets
+            objects = gc.get_objects()
+            ignore.add(id(objects))
+            candidates = []
+            for obj in objects:
+                if not wanted.isdisjoint(map(id, get_referents(obj))):
+                    candidates.append(obj)
+            del objects
         by_child: dict[int, list] = defaultdict(list)
+        references: dict[int, int] = defaultdict(int)  # from every candidate, the search's own included
         for parent in candidates:
             parent_id = id(parent)
-            if parent_id in ignore or (isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename)):
-                continue
+            own = parent_id in ignore or (
+                isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename))
             for child in gc.get_referents(parent):
                 child_id = id(child)
-                if child_id in frontier and len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
-                    by_child[child_id].append(parent)
+                if child_id in frontier:
+                    references[child_id] += 1
+                    if not own:
+                        if len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
+                            by_child[child_id].append(parent)
+                        else:
+                            self.stopped_early = True  # a referrer was dropped
+            child = None
+        parent = candidates = None
+        del targets
+        self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
         return by_child
+
+    def _note_hidden_references(self, frontier: dict[int, object], references: dict[int, int], into: set) -> None:
+        """Objects whose reference count is higher than the references the pass found. While
+        frozen (``hidden``) they are also held by something older, by C++ or by an untracked
+        object, and the walk looks them up in the whole heap later; after a pass over the
+        whole heap (``unexplained``) they are held from C++, by an untracked object or by a
+        running function's local."""
+        for child_id in frontier:
+            # getrefcount's argument is the one reference not counted among the referrers.
+            if sys.getrefcount(frontier[child_id]) - 1 > references.get(child_id, 0):
+                into.add(child_id)
 
     def _expand(self, key, referrers: dict[int, list], depth: int) -> list[int]:
         down = self.down[key]
         next_frontier = []
+        whole_heap = not collector.is_frozen()
         for child_id in self.frontiers[key]:
+            if whole_heap and not referrers.get(child_id):
+                self.no_referrers.add(child_id)
             for parent in referrers.get(child_id, ()):
                 parent_id = id(parent)
                 if parent_id in down:
                     continue
                 self.nodes[parent_id] = parent
                 down[parent_id] = (child_id, (), depth)
+                if self._check_allowed_root(key, parent_id, depth):
+                    continue
+                if self._check_global_value(key, parent, parent_id, depth):
+                    continue
                 if self._check_named_root(key, parent, child_id, depth):
                     continue  # a named root: nothing above it makes a better name
                 self._check_local_root(key, parent_id, depth)
                 if len(next_frontier) < _MAX_FRONTIER_PER_BLOCK:
                     next_frontier.append(parent_id)
+                else:
+                    self.stopped_early = True  # a path was dropped: the walk is not exhaustive
         return next_frontier
 
     def _labels_below(self, key, node_id: int) -> list[tuple]:
@@ -271,16 +551,43 @@ class _UpwardSearch:
             labels.extend(edge_labels(self.nodes[current], self.nodes[child_id]))
             current = child_id
 
-    def _add_owner(self, key, owner: Owner, depth: int) -> None:
+    def _add_owner(self, key, owner: Owner, depth: int, *, runner: bool = False) -> None:
+        if runner:  # pytest's frames and globals: named only if nothing better turns up
+            if len(self.fallbacks[key]) < self.max_owners:
+                self.fallbacks[key].append(owner)
+            return
         owners = self.owners[key]
         if len(owners) < self.max_owners and all(existing.path != owner.path for existing in owners):
             owners.append(owner)
             self.found_at.setdefault(key, depth)
 
+    def _check_allowed_root(self, key, node_id: int, depth: int) -> bool:
+        root = self.allowed.get(node_id)
+        if root is None:
+            return False
+        kind = "allowed" if root.allowed else "global"
+        self._add_owner(key, Owner(render_path(root.name, self._labels_below(key, node_id)), kind), depth)
+        if root.allowed:
+            self.allowed_notes.setdefault(key, root.note)
+        return True
+
+    def _check_global_value(self, key, obj, node_id: int, depth: int) -> bool:
+        found = _global_values.lookup(obj)
+        if found is None:
+            return False
+        module_name, name = found
+        runner = _is_runner_module(module_name)
+        self._add_owner(key, Owner(render_path(f"{module_name}.{name}", self._labels_below(key, node_id)), "global"),
+                        depth, runner=runner)
+        return not runner
+
     def _check_local_root(self, key, node_id: int, depth: int) -> None:
-        for function, name, location in self.local_roots.get(node_id, ()):
+        for function, name, location in self.local_roots.by_id.get(node_id, ()):
             path = render_path(f"{function}():{name}", self._labels_below(key, node_id))
             self._add_owner(key, Owner(path, "local", location), depth)
+        for function, name, location in self.local_roots.runner.get(node_id, ()):
+            path = render_path(f"{function}():{name}", self._labels_below(key, node_id))
+            self._add_owner(key, Owner(path, "local", location), depth, runner=True)
 
     def _check_named_root(self, key, parent, child_id: int, depth: int) -> bool:
         parent_id = id(parent)
@@ -290,61 +597,262 @@ class _UpwardSearch:
             if labels and labels[0][0] == "item":  # a module's dict entry is an attribute
                 labels = [("attr", labels[0][1])]
             path = render_path(module_name, labels + self._labels_below(key, child_id))
-            self._add_owner(key, Owner(path, "global"), depth)
-            return True
+            self._add_owner(key, Owner(path, "global"), depth, runner=_is_runner_module(module_name))
+            return not _is_runner_module(module_name)
         if isinstance(parent, types.ModuleType):
-            self._add_owner(key, Owner(render_path(parent.__name__, self._labels_below(key, parent_id)), "global"), depth)
-            return True
+            runner = _is_runner_module(parent.__name__)
+            self._add_owner(key, Owner(render_path(parent.__name__, self._labels_below(key, parent_id)), "global"),
+                            depth, runner=runner)
+            return not runner
         if isinstance(parent, type):
             name = f"{parent.__module__}.{parent.__qualname__}"
-            self._add_owner(key, Owner(render_path(name, self._labels_below(key, parent_id)), "class"), depth)
-            return True
+            runner = _is_runner_module(parent.__module__)
+            self._add_owner(key, Owner(render_path(name, self._labels_below(key, parent_id)), "class"), depth,
+                            runner=runner)
+            return not runner
         if isinstance(parent, types.FunctionType):
             name = _global_name(parent)
             if name is not None:
-                self._add_owner(key, Owner(render_path(name, self._labels_below(key, parent_id)), "global"), depth)
-                return True
+                runner = _is_runner_module(parent.__module__ or "")
+                self._add_owner(key, Owner(render_path(name, self._labels_below(key, parent_id)), "global"), depth,
+                                runner=runner)
+                return not runner
         return False
+
+    def owners_of(self, key) -> list:
+        """The named owners of a block, the runner's roots if nothing else was found."""
+        return self.owners[key] or self.fallbacks[key]
 
     def unnamed_owner(self, key) -> Owner | None:
         """For a block without a named owner: the path from the outermost object reached."""
-        down = self.down[key]
-        deepest = max(down, key=lambda node: down[node][2])
-        if down[deepest][2] == 0:
+        deepest = self._deepest(key)
+        if self.down[key][deepest][2] == 0:
             return None  # nothing in Python refers to the objects that use the block
         obj = self.nodes[deepest]
         return Owner(render_path(f"<{type(obj).__name__}>", self._labels_below(key, deepest)), "unnamed")
+
+    def held_outside(self, key) -> bool:
+        """True when the walk reached an object held from outside what the collector tracks
+        (no tracked referrer, or more references than tracked referrers)."""
+        deepest = self._deepest(key)
+        return self.down[key][deepest][2] > 0 and (deepest in self.no_referrers or deepest in self.unexplained)
+
+    def _deepest(self, key) -> int:
+        """The outermost object reached, preferring one held from outside the tracked heap."""
+        down = self.down[key]
+        deepest = None
+        outside = self.no_referrers | self.unexplained
+        for node, (_, _, depth) in down.items():  # a loop, not max(key=lambda): no closure cell
+            # The start objects' counts include the search's own variables: never "outside".
+            rank = (depth > 0 and node in outside, depth)
+            if deepest is None or rank > (down[deepest][2] > 0 and deepest in outside, down[deepest][2]):
+                deepest = node
+        return deepest
+
+
+def _is_runner_module(name: str) -> bool:
+    module = sys.modules.get(name)
+    filename = getattr(module, "__file__", None)
+    return bool(filename) and _is_runner_file(filename)
+
+
+# --- what the walk cannot see ----------------------------------------------------------
+
+
+def _untracked_viewers(objects: list, wanted: set[int]) -> dict[int, list]:
+    """``id(object) -> [numpy arrays whose .base chain reaches it]``, for ids in ``wanted``.
+
+    numpy arrays are not tracked by the collector: ``gc.get_referrers`` never returns
+    them and ``gc.get_objects`` never lists them. They are found as referents of the
+    tracked containers that hold them (one pass over the heap, so only when needed).
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is None or not wanted:
+        return {}
+    ndarray = numpy.ndarray
+    array_types = {ndarray, *ndarray.__subclasses__()}
+    viewers: dict[int, list] = defaultdict(list)
+    seen: set[int] = set()
+    chunk = 4096
+    for start in range(0, len(objects), chunk):
+        referents = gc.get_referents(*objects[start:start + chunk])
+        # Filtered in C (map, compress): the heap has millions of references.
+        arrays = list(itertools.compress(referents, map(array_types.__contains__, map(type, referents))))
+        del referents
+        for child in arrays:
+            if id(child) not in seen:
+                seen.add(id(child))
+                viewer, base = child, child.base
+                while base is not None:
+                    if id(base) in wanted:
+                        viewers[id(base)].append(viewer)
+                        break
+                    if not isinstance(base, ndarray):
+                        break
+                    viewer, base = base, base.base
+    return viewers
+
+
+# --- the search ------------------------------------------------------------------------
+
+_NO_PYTHON_OBJECT = (
+    "no Python object uses this block: it is held from C++ (a TorchScript module, an autograd graph no Python "
+    "object reaches, a C++ extension or cache)"
+)
+_UNREFERRED = (
+    "the outermost object reached, a {type}, is referred to by no object Python's collector tracks: it is held "
+    "from C++ (TorchScript keeps the functions and modules it compiled; an autograd graph, a C++ extension) or "
+    "by an untracked object"
+)
+_HIDDEN = (
+    "the tensors using it are held from outside the objects Python's collector tracks: from C++ (a TorchScript "
+    "module, an autograd graph, a C++ extension) or by an object the collector does not track"
+)
 
 
 def find_owners(
     blocks: Iterable[tuple],
     *,
+    allowed_roots: Iterable[AllowedRoot] = (),
     max_depth: int = DEFAULT_MAX_DEPTH,
     time_budget: float = DEFAULT_TIME_BUDGET,
     max_owners: int = DEFAULT_MAX_OWNERS,
+    node_budget: int = DEFAULT_NODE_BUDGET,
 ) -> OwnerSearch:
     """Named holders of each block in ``blocks`` (``(device, address, size)`` triples).
 
-    Returns ``OwnerSearch(owners={(device, address): [Owner, ...]}, stopped_early)``;
-    blocks that no Python object reaches get an empty list. Up to ``max_owners`` paths
-    per block, shortest first. Stops after ``max_depth`` levels or ``time_budget``
-    seconds (then ``stopped_early`` is True and unresolved blocks get an ``unnamed``
-    owner naming the outermost object reached).
+    Returns an ``OwnerSearch``: ``owners={(device, address): [Owner, ...]}`` (up to
+    ``max_owners`` paths per block, shortest first; blocks nothing reaches get an empty
+    list and a note), the blocks held only through ``allowed_roots``, and whether a budget
+    (``max_depth`` levels, ``time_budget`` seconds, ``node_budget`` objects searched
+    downward) stopped it; then unresolved blocks get an ``unnamed`` owner naming the
+    outermost object reached.
     """
     index = BlockIndex(blocks)
-    objects = gc.get_objects()
+    deadline = time.monotonic() + time_budget
+    allowed = {id(root.obj): root for root in allowed_roots}
+    objects = gc.get_objects()  # while frozen: only the objects made during the check
     try:
         starts = locate_tensors(index, objects)
-        search = _UpwardSearch(
-            starts, objects, max_depth=max_depth, deadline=time.monotonic() + time_budget, max_owners=max_owners
-        )
-        search.run()
-        owners = {key: [] for key in index.keys}
-        for key, found in search.owners.items():
-            if not found:
-                fallback = search.unnamed_owner(key)
-                found = [fallback] if fallback is not None else []
-            owners[key] = found
-        return OwnerSearch(owners=owners, stopped_early=search.stopped_early)
+        if collector.is_frozen() and any(key not in starts for key in index.keys):
+            collector.thaw()  # a block used by an older tensor object (a .grad, a resized tensor)
+            objects = gc.get_objects()
+            starts = locate_tensors(index, objects)
+        ignore = {id(objects), id(starts), id(allowed)}
+        frames = _live_frames()
+        local_roots = _local_roots(frames, ignore)
+        del frames
+        result = OwnerSearch(owners={key: [] for key in index.keys}, stopped_early=False)
+        # 1. Down from the roots already known: allowed objects and the locals of live frames.
+        targets: dict = defaultdict(list)
+        for key, entries in starts.items():
+            for obj, suffix in entries:
+                targets[id(obj)].append((key, suffix))
+        obj = None  # a loop variable would be a reference the walk cannot explain
+        roots = [
+            (root.name, "allowed" if root.allowed else "global", None, root.note if root.allowed else None, root.obj)
+            for root in allowed.values()
+        ]
+        roots += [(name, "local", location, None, value) for name, location, value in local_roots.values]
+        skip = ignore | {id(targets), id(roots), id(local_roots.values)}
+        found = _downward(roots, targets, budget=node_budget, deadline=deadline, skip=skip)
+        del roots
+        local_roots.values.clear()  # the locals' values: needed no more, and not to be found as holders
+        for key, owners in found.items():
+            for owner, note in owners[:max_owners]:
+                result.owners[key].append(owner)
+                if note is not None:
+                    result.allowed.setdefault(key, note)
+            if any(owner.kind != "allowed" for owner, _ in owners):
+                result.allowed.pop(key, None)  # also held by something that is not allowed
+        # 2. Up from the rest, one heap pass per level.
+        rest = {key: entries for key, entries in starts.items() if not result.owners[key]}
+        if rest:
+            _walk_up(rest, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners)
+        # 3. What the walk cannot see, for blocks still without a named owner.
+        stuck = [key for key in index.keys if not _named(result.owners[key])]
+        if stuck:
+            _explain(stuck, starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners)
+        result.unnamed = {
+            key for key in index.keys
+            if not _named(result.owners[key]) and key not in result.held_outside and key in starts
+        }
+        return result
     finally:
         del objects
+
+
+def _named(owners: list) -> bool:
+    return any(owner.kind != "unnamed" for owner in owners)
+
+
+def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners) -> None:
+    search = _UpwardSearch(
+        starts, objects, local_roots, ignore, allowed, max_depth=max_depth, deadline=deadline,
+        max_owners=max_owners, new_objects=objects if collector.is_frozen() else None,
+    )
+    search.run()
+    result.stopped_early |= search.stopped_early
+    for key in starts:
+        owners = search.owners_of(key)
+        if not owners:
+            fallback = search.unnamed_owner(key)
+            owners = [fallback] if fallback is not None else []
+            if fallback is not None and search.held_outside(key):
+                # The outermost object is held from outside what the collector tracks.
+                result.notes[key] = _UNREFERRED.format(type=fallback.path.split(">", 1)[0].lstrip("<"))
+                result.held_outside.add(key)
+        result.owners[key] = owners
+        if owners and all(owner.kind == "allowed" for owner in owners):
+            result.allowed[key] = search.allowed_notes[key]
+
+
+def _explain(stuck, starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners) -> None:
+    """Holders the upward walk cannot see: numpy arrays viewing the tensors (untracked by
+    the collector), TorchScript modules (C++), and otherwise a note saying so."""
+    # TorchScript modules hold tensors in C++; when Python tensor objects use the block the
+    # walk above already went through them, so look in the modules only for the others.
+    unused = [key for key in stuck if key not in starts]
+    # Only a start object no tracked object refers to can be held by an untracked array
+    # (an array's .base is the tensor itself); the sweep is a pass over every referent.
+    wanted = {id(obj) for key in stuck if not result.owners[key] for obj, _ in starts.get(key, ())}
+    scripted: dict = {}
+    viewers: dict = {}
+    if unused or wanted:
+        collector.thaw()
+        objects = gc.get_objects()
+        if unused:
+            scripted = script_module_starts(BlockIndex([(key[0], key[1], 1) for key in unused]), objects)
+        viewers = _untracked_viewers(objects, wanted)
+    retry: dict = {}
+    for key in stuck:
+        entries = list(scripted.get(key, ()))
+        for obj, suffix in starts.get(key, ()):
+            for viewer in viewers.get(id(obj), ()):
+                # The array's .base chain down to the tensor, then the tensor's own labels.
+                chain, node = [], viewer
+                while node is not obj:
+                    chain.append(("attr", "base"))
+                    node = node.base
+                entries.append((viewer, tuple(chain) + tuple(suffix)))
+        if entries:
+            retry[key] = entries
+    if retry:
+        _walk_up(retry, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners)
+    for key in stuck:
+        if _named(result.owners[key]):
+            if key in scripted:
+                result.notes.setdefault(key, "held from C++ by a TorchScript module (torch.jit.script)")
+            continue
+        if result.owners[key]:
+            continue  # Python objects do refer to it; no named root above them (garbage, or a budget)
+        if key in scripted:
+            module = scripted[key][0][0]
+            result.owners[key] = [Owner(render_path(f"<{type(module).__name__} {module.original_name}>",
+                                                    scripted[key][0][1]), "unnamed")]
+            result.notes[key] = ("held from C++ by a TorchScript module (torch.jit.script); nothing in Python holds "
+                                 "the module")
+        elif key not in starts:
+            result.notes[key] = _NO_PYTHON_OBJECT
+        else:
+            result.notes[key] = _HIDDEN

@@ -8,10 +8,13 @@ Python expression a user would type, e.g. ``trainer.state.eval_metrics['acc'].tp
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
+
+from torchmem.leaks.frame_locals import local_items
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,18 @@ def edge_labels(parent, child) -> list[tuple]:
     elif isinstance(parent, types.FrameType):
         if parent.f_back is child:  # a frame keeps its caller alive
             return [("caller", frame_name(child))]
-        for name, value in parent.f_locals.items():
+        for name, value in local_items(parent):
             if value is child:
                 return [("local", name)]
     for kind, attribute in _GENERATOR_FRAMES:
         if isinstance(parent, kind):
             frame = getattr(parent, attribute)
             if frame is not None:
-                for name, value in frame.f_locals.items():
+                for name, value in local_items(frame):
                     if value is child:
                         return [("local", name)]
+    if _is_ndarray(parent) and getattr(parent, "base", None) is child:
+        return [("attr", "base")]
     for attribute in _known_attributes(parent):
         try:
             if getattr(parent, attribute) is child:
@@ -94,6 +99,11 @@ def edge_labels(parent, child) -> list[tuple]:
             continue
     labels = _instance_labels(parent, child)
     return labels if labels else [("via", type(child).__qualname__)]
+
+
+def _is_ndarray(obj) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(obj, numpy.ndarray)
 
 
 def _known_attributes(parent) -> tuple[str, ...]:
@@ -218,6 +228,8 @@ def render_path(base: str, labels: Iterable[tuple]) -> str:
             out += ".<member>"
         elif kind == "graph":
             out += f" (in its autograd graph: {label[1]})"
+        elif kind == "script":
+            out += f" (in its TorchScript module: {label[1]})"
         elif kind == "callers":  # frames keeping their callers alive, down to label[2]
             hops = f"{label[1]} frames out" if label[1] > 1 else "its caller"
             out += f" -> ({hops}) {label[2]}"

@@ -14,7 +14,8 @@ from typing import Iterable
 from torchmem._support.files import short_path, source_line
 from torchmem._support.units import format_bytes
 from torchmem.leaks.owners import Owner
-from torchmem.leaks.report import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, Finding, LeakReport
+from torchmem.leaks.report import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, REACHABLE, Finding, LeakReport
+from torchmem.runtime.tags import UNTAGGED
 from torchmem.stacks.frames import folds_runner_frames, is_library, is_marker, is_users_own
 
 _STACK_LINES = 4  # frames shown under "allocated at", from the allocation site outward
@@ -26,23 +27,23 @@ _KIND_NOTES = {
 
 
 def _summary(report: LeakReport) -> str:
-    totals = report.totals()
     if report.aborted is not None:
         return f"torchmem.leak_check: not analyzed, the checked code raised ({report.aborted})"
     if not report.finished:
         return "torchmem.leak_check: still running (the report is filled when the check exits)"
-    leaked = [(kind, totals[kind]) for kind in LEAKED_KINDS if totals[kind]["blocks"]]
-    others = [
-        f"{kind} {format_bytes(totals[kind]['bytes'])} in {_blocks(totals[kind]['blocks'])}"
-        for kind in (PENDING, ALLOWED) if totals[kind]["blocks"]
-    ]
+    leaked = _tally(report.leaked)
+    uncounted = report.uncounted_cycles
+    others = []
+    if uncounted:
+        others.append(f"cycle garbage not counted {_amount(uncounted)} (cycles={report.cycle_policy})")
+    others += [f"{kind} {_amount(report.of_kind(kind))}" for kind in (PENDING, ALLOWED) if report.of_kind(kind)]
     if not leaked:
         head = "torchmem.leak_check: no leaks"
         if report.warmup:
             head += f" (warm-up entry {report.entry}: survivors are allowed)"
         return head + (f"; {', '.join(others)}" if others else "")
-    blocks = sum(total["blocks"] for _, total in leaked)
-    parts = ", ".join(f"{kind} {format_bytes(total['bytes'])} in {_blocks(total['blocks'])}" for kind, total in leaked)
+    blocks = sum(count for count, _ in leaked.values())
+    parts = ", ".join(f"{kind} {format_bytes(size)} in {_blocks(count)}" for kind, (count, size) in leaked.items())
     head = (
         f"torchmem.leak_check: {format_bytes(report.leaked_bytes)} in {_blocks(blocks)} allocated inside "
         f"{'is' if blocks == 1 else 'are'} still alive ({parts})"
@@ -52,6 +53,20 @@ def _summary(report: LeakReport) -> str:
     return head + (f"; also {', '.join(others)}" if others else "")
 
 
+def _tally(findings: list[Finding]) -> dict:
+    """``{kind: (blocks, bytes)}`` in report order."""
+    out: dict = {}
+    for kind in KINDS:
+        chosen = [finding for finding in findings if finding.kind == kind]
+        if chosen:
+            out[kind] = (len(chosen), sum(finding.size for finding in chosen))
+    return out
+
+
+def _amount(findings: list[Finding]) -> str:
+    return f"{format_bytes(sum(finding.size for finding in findings))} in {_blocks(len(findings))}"
+
+
 def _blocks(count: int) -> str:
     return f"{count} block{'s' if count != 1 else ''}"
 
@@ -59,14 +74,16 @@ def _blocks(count: int) -> str:
 def _group_key(finding: Finding) -> tuple:
     # Blocks that read the same in the report (same kind, device, tag, allocation lines and
     # cycle) are shown once, with their total size and their holders.
-    return (finding.kind, finding.device, finding.tag, _stack_lines(finding), finding.cycle_types,
+    return (finding.kind, finding.counted, finding.device, finding.tag, _stack_lines(finding), finding.cycle_types,
             finding.cycle, finding.note)
 
 
 def _group_order(group: list[Finding]) -> tuple:
-    # Leaks first (reachable and cycle-held together, largest first), then pending, allowed.
-    kind = group[0].kind
-    return (0 if kind in LEAKED_KINDS else KINDS.index(kind), -sum(finding.size for finding in group))
+    # Leaks first (reachable and counted cycles together, largest first), then cycles not
+    # counted, pending, allowed.
+    first = group[0]
+    rank = 0 if first.leaked else 1 if first.kind == CYCLE else 1 + KINDS.index(first.kind)
+    return (rank, -sum(finding.size for finding in group))
 
 
 def render_lines(report: LeakReport, max_groups: int) -> Iterable[str]:
@@ -92,18 +109,21 @@ def _render_group(group: list[Finding]) -> Iterable[str]:
     first = group[0]
     size = sum(finding.size for finding in group)
     amount = format_bytes(size) if len(group) == 1 else f"{format_bytes(size)} in {len(group)} blocks"
-    tag = first.tag if first.tag is not None else "untagged"
-    yield f"  {amount}  {first.kind}  {first.device}  tag={tag}"
-    if first.kind in LEAKED_KINDS:
-        yield from _render_holders(group)
+    tag = first.tag if first.tag is not None else UNTAGGED
+    kind = first.kind if first.counted else f"{first.kind}, not counted"
+    yield f"  {amount}  {kind}  {first.device}  tag={tag}"
+    explained = False
+    if first.kind in LEAKED_KINDS or first.owners:
+        explained = yield from _render_holders(group)
     if first.cycle:
         yield f"      cycle         {first.cycle}"
-    if first.note:
-        yield f"      note          {first.note}"
+    if first.note and not explained:
+        yield f"      {'why' if first.kind == CYCLE else 'note':<14}{first.note}"
     yield from _render_stack(first)
 
 
-def _render_holders(group: list[Finding]) -> Iterable[str]:
+def _render_holders(group: list[Finding]):
+    """The "held by" lines; returns True when they already said what the note says."""
     seen: dict[str, Owner] = {}
     for finding in group:
         for owner in finding.owners:
@@ -111,9 +131,15 @@ def _render_holders(group: list[Finding]) -> Iterable[str]:
     note = _KIND_NOTES.get(group[0].kind)
     suffix = f"   ({note})" if note else ""
     if not seen:
-        yield "      held by       no Python object refers to it (held from C++, e.g. by an autograd graph " \
-              "or a C++ module)" + suffix
-        return
+        first = group[0]
+        if first.kind == REACHABLE and first.note:
+            yield f"      held by       ({first.note})"
+            return True
+        if first.kind == CYCLE:
+            yield "      held by       garbage in which no tensor using it was found" + suffix
+        else:
+            yield "      held by       no holder found" + suffix
+        return False
     owners = sorted(_fold_indices(list(seen.values())), key=lambda entry: len(entry[1]))  # shortest first
     shown = owners[:4]
     for index, (owner, path) in enumerate(shown):
@@ -123,6 +149,7 @@ def _render_holders(group: list[Finding]) -> Iterable[str]:
         yield f"      {label:<14}{path}{where}{unnamed}{suffix if index == 0 else ''}"
     if len(owners) > len(shown):
         yield f"      {'':<14}... and {len(owners) - len(shown)} more"
+    return False
 
 
 _INDEX = re.compile(r"\[(\d+)\]")

@@ -14,6 +14,8 @@ PENDING = "pending"
 ALLOWED = "allowed"
 KINDS = (REACHABLE, CYCLE, PENDING, ALLOWED)
 LEAKED_KINDS = (REACHABLE, CYCLE)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One block allocated inside a leak check that was still allocated when it ended.
@@ -21,7 +23,9 @@ class Finding:
     ``kind``: ``"reachable"`` (still held after gc; ``owners`` name the holders),
     ``"cycle"`` (freed only by ``gc.collect()``: a reference cycle held it; ``cycle_types``
     and ``cycle`` describe the cycle), ``"pending"`` (freed, waiting for other streams'
-    events) or ``"allowed"`` (``note`` says why). ``size`` is the block's (rounded) size,
+    events) or ``"allowed"`` (``note`` says why). ``counted`` is False for cycle-held
+    blocks the cycle policy does not count as leaked (``torchmem.leaks.cycle_policy``;
+    ``note`` says why). ``size`` is the block's (rounded) size,
     what the allocator holds; ``frames`` is the allocation's Python stack, user frames
     first with torch internals folded (empty when capture was off).
     """
@@ -39,6 +43,13 @@ class Finding:
     sequence: int = 0
     cycle: str | None = None
     note: str | None = None
+    counted: bool = True
+    context: int = 0
+
+    @property
+    def leaked(self) -> bool:
+        """True if this block counts as leaked: reachable, or cycle-held and counted."""
+        return self.kind in LEAKED_KINDS and self.counted
 
     @property
     def allocation_site(self):
@@ -61,6 +72,7 @@ class Finding:
             "cycle_types": list(self.cycle_types),
             "cycle": self.cycle,
             "note": self.note,
+            "counted": self.counted,
         }
 
 
@@ -80,6 +92,9 @@ class LeakReport:
     gc_collected: bool = False
     owner_search_stopped_early: bool = False
     aborted: str | None = None
+    cycle_policy: str = "repeating"
+    analysis_seconds: float = 0.0  # wall time of the exit's analysis (collections, owner search)
+    analysis_cpu_seconds: float = 0.0  # the analysing thread's CPU time (less sensitive to load)
 
     # --- queries ------------------------------------------------------------------
     def of_kind(self, kind: str) -> list[Finding]:
@@ -110,12 +125,18 @@ class LeakReport:
 
     @property
     def leaked(self) -> list[Finding]:
-        """Reachable and cycle-held findings: memory the checked code left behind."""
-        return [finding for finding in self.findings if finding.kind in LEAKED_KINDS]
+        """Memory the checked code left behind: reachable findings, and the cycle-held ones
+        the cycle policy counts."""
+        return [finding for finding in self.findings if finding.leaked]
+
+    @property
+    def uncounted_cycles(self) -> list[Finding]:
+        """Cycle-held blocks the cycle policy did not count (each ``note`` says why)."""
+        return [finding for finding in self.findings if finding.kind == CYCLE and not finding.counted]
 
     @property
     def leaked_bytes(self) -> int:
-        """Bytes (block sizes) of the reachable and cycle-held findings."""
+        """Bytes (block sizes) of the leaked findings."""
         return sum(finding.size for finding in self.leaked)
 
     @property
@@ -146,6 +167,9 @@ class LeakReport:
             "aborted": self.aborted,
             "gc_collected": self.gc_collected,
             "owner_search_stopped_early": self.owner_search_stopped_early,
+            "cycle_policy": self.cycle_policy,
+            "analysis_seconds": self.analysis_seconds,
+            "analysis_cpu_seconds": self.analysis_cpu_seconds,
             "max_leaked_bytes": self.max_leaked_bytes,
             "leaked_bytes": self.leaked_bytes,
             "totals": self.totals(),

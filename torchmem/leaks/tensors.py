@@ -8,6 +8,7 @@ and tensors whose autograd graph saved one that does (memory PyTorch holds from 
 from __future__ import annotations
 
 import bisect
+import sys
 from collections import defaultdict
 from typing import Iterable
 
@@ -139,8 +140,11 @@ def locate_tensors(index: BlockIndex, objects: Iterable, *, follow_graphs: bool 
 
 
 def _saved_tensors(node) -> Iterable[tuple[str, object]]:
-    """``(attribute, tensor)`` for the tensors an autograd node saved for backward."""
+    """``(attribute, tensor)`` for the tensors an autograd node saved for backward, and the
+    leaf an ``AccumulateGrad`` node accumulates into (``.variable``)."""
     names = [name for name in dir(node) if name.startswith("_saved_")]
+    if type(node).__name__ == "AccumulateGrad":
+        names.append("variable")
     if type(node).__name__ == "BackwardCFunction" or hasattr(type(node), "saved_tensors"):
         names.append("saved_tensors")  # custom autograd.Function: ctx.save_for_backward
     for name in names:
@@ -192,3 +196,58 @@ def _locate_in_graphs(index: BlockIndex, heads: list, found: dict) -> None:
             found[key].append((head, (("graph", label),)))
 
 
+
+
+# --- TorchScript modules ---------------------------------------------------------------
+
+
+def _script_module_types() -> tuple:
+    jit = sys.modules.get("torch.jit")
+    cls = getattr(jit, "RecursiveScriptModule", None) if jit is not None else None
+    return (cls,) if cls is not None else ()
+
+
+def _script_tensors(module, depth: int = 0) -> Iterable[tuple[str, object]]:
+    """``(attribute path, tensor)`` for the tensors a TorchScript module holds in C++:
+    its attributes (a scripted torchmetrics ``Metric`` keeps its states there), parameters
+    and buffers, and those of its submodules."""
+    concrete = getattr(module, "_concrete_type", None)
+    names = list(concrete.get_attributes()) if concrete is not None else []
+    for name in names:
+        try:
+            value = getattr(module, name)
+        except Exception:  # noqa: BLE001 - attributes TorchScript cannot hand to Python
+            continue
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+        for item in values:
+            if isinstance(item, torch.Tensor):
+                yield name, item
+    try:
+        for name, tensor in module.named_buffers(recurse=False):
+            yield name, tensor
+        for name, tensor in module.named_parameters(recurse=False):
+            yield name, tensor
+        children = list(module.named_children()) if depth < 8 else []
+    except Exception:  # noqa: BLE001
+        children = []
+    for child_name, child in children:
+        for name, tensor in _script_tensors(child, depth + 1):
+            yield f"{child_name}.{name}", tensor
+
+
+def script_module_starts(index: BlockIndex, objects: Iterable) -> dict:
+    """For blocks held by TorchScript modules among ``objects``: ``(module, suffix)`` start
+    points, the suffix saying which attribute of the module (held in C++) uses the block."""
+    found: dict = defaultdict(list)
+    types_ = _script_module_types()
+    if not types_ or not len(index):
+        return found
+    script_type = types_[0]
+    # type(), not isinstance(): some proxies warn when asked for __class__; one check per type.
+    wanted = {cls for cls in set(map(type, objects)) if issubclass(cls, script_type)}
+    for obj in [obj for obj in objects if type(obj) in wanted]:
+        for name, tensor in _script_tensors(obj):
+            key = _tensor_block(index, tensor)
+            if key is not None and all(start is not obj for start, _ in found[key]):
+                found[key].append((obj, (("script", name),)))
+    return found

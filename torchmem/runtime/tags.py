@@ -9,6 +9,10 @@ from torchmem import _C
 
 F = TypeVar("F", bound=Callable)
 
+# The name statistics and reports give memory allocated outside every tag. It is not a
+# tag one can open (it would be two things), but leak_check(allow_tags=...) accepts it.
+UNTAGGED = "untagged"
+
 
 class tag:  # noqa: N801 - used like a function, as torch.no_grad is
     """Charges every allocation made inside to ``name``: a context manager or a decorator.
@@ -29,6 +33,11 @@ class tag:  # noqa: N801 - used like a function, as torch.no_grad is
             raise TypeError(f"torchmem.tag: the name must be a str, got {type(name).__name__} ({name!r})")
         if not name:
             raise ValueError("torchmem.tag: the name must not be empty")
+        if name == UNTAGGED:
+            raise ValueError(
+                f"torchmem.tag: {UNTAGGED!r} is the name torchmem gives memory allocated outside every tag; "
+                "choose another name"
+            )
         self.name = name
         self._depth = 0
 

@@ -9,7 +9,8 @@ its file's **origin**, in one place:
 ``stdlib``    Python's standard library (``copy.deepcopy`` is never "allocated at");
 ``torch``     PyTorch and its companions, torchmem included: machinery, folded;
 ``runner``    code that only runs the application's: pytest, pluggy, runpy,
-              threading's bootstrap, the import machinery and frozen modules.
+              threading's bootstrap, multiprocessing's process start, the import machinery and
+              frozen modules.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def is_marker(frame: Frame) -> bool:
 # --- whose code is a frame --------------------------------------------------------------
 
 _TORCH_PACKAGES = ("torch", "torchmem", "functorch", "torchgen", "triton")
-_RUNNER_PACKAGES = ("_pytest", "pluggy")
+_RUNNER_PACKAGES = ("_pytest", "pluggy", "multiprocessing")
 _RUNNER_MODULES = ("runpy", "threading")
 
 
@@ -86,6 +87,9 @@ def _known_locations() -> tuple[tuple[tuple[str, str], ...], dict[str, str]]:
             for location in (spec.submodule_search_locations or []) if spec else []:
                 prefixes.append((normalize(location) + os.sep, origin_name))
     prefixes.append((normalize(os.path.dirname(importlib.util.__file__)) + os.sep, RUNNER))
+    # The demo (python -m torchmem demo) plays the user: its training loop is what it shows.
+    files[normalize(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations",
+                                 "demo.py"))] = USER
     for name in _RUNNER_MODULES:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin and os.path.isabs(spec.origin):

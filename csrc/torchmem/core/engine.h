@@ -423,6 +423,7 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status ReleaseSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void DeletePoolIfEmpty(PrivatePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status EmptyCacheLocked(PoolId pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<PrivatePool*> FindPool(PoolId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   PrivatePool* CreateOrIncrefPoolLocked(PoolId id, absl::Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -483,6 +484,9 @@ class Engine {
   // collection ages (counted only while a threshold is set).
   std::uint64_t gc_clock_ ABSL_GUARDED_BY(mutex_) = 0;
   MemoryStats stats_ ABSL_GUARDED_BY(mutex_);
+  // The context segment_free entries carry while EmptyCache runs (else each
+  // segment's allocation context).
+  ContextId segment_free_context_ ABSL_GUARDED_BY(mutex_) = kNoContext;
   // Per pool: the inactive-split (blocks, bytes) change of the operation
   // under way, not yet in stats_ (see AddInactiveSplit). Zero between
   // operations.

@@ -9,13 +9,26 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "torchmem/core/context_capture.h"
 #include "torchmem/core/engine.h"
 #include "torchmem/core/format.h"
 
 namespace torchmem {
 
 absl::Status Engine::EmptyCache(PoolId pool) {
+  // As PyTorch with context="all": the segment_free entries carry the stack
+  // of the code that emptied the cache (captured before the lock).
+  const ContextId context = trace_free_context_.load(std::memory_order_relaxed)
+                                ? CaptureContext()
+                                : kNoContext;
   MutexLock lock(&mutex_);
+  segment_free_context_ = context;
+  absl::Status status = EmptyCacheLocked(pool);
+  segment_free_context_ = kNoContext;
+  return status;
+}
+
+absl::Status Engine::EmptyCacheLocked(PoolId pool) {
   if (pool.IsDefault()) {
     if (CaptureUnderwayLocked()) {
       // Waiting for events is forbidden now; only released pools go.
@@ -122,7 +135,8 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
   }
   if (ABSL_PREDICT_FALSE(Tracing()) && !segment->vmm) {
     Trace(TraceAction::kSegmentFree, segment->address, segment->size, segment->stream,
-          segment->context, segment->owner);
+          segment_free_context_ != kNoContext ? segment_free_context_ : segment->context,
+          segment->owner);
   }
   ReleaseStreamListsIfUnused(segment);
   segments_.erase(segment->address);

@@ -2,6 +2,7 @@
 // garbage-collecting retry on out-of-memory.
 #include "torchmem/core/engine.h"
 #include "torchmem/python/bindings.h"
+#include "torchmem/python/python_compat.h"
 #include "torchmem/torch/cpu_allocator.h"
 
 namespace torchmem::python {
@@ -13,7 +14,7 @@ namespace {
 // latter does nothing while gc is disabled, which is exactly when training
 // loops that disable it for speed accumulate cycles.
 bool CollectGarbageForRetry() {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  if (InterpreterGone()) return false;
   py::gil_scoped_acquire gil;
   try {
     const auto collected = py::module_::import("gc").attr("collect")().cast<Py_ssize_t>();
@@ -29,6 +30,22 @@ void RegisterInstall(py::module_& m) {
   m.def("install_cpu", []() { ThrowIfError(torch_glue::InstallCpuAllocator()); });
   m.def("uninstall_cpu", []() { ThrowIfError(torch_glue::UninstallCpuAllocator()); });
   m.def("cpu_installed", &torch_glue::IsCpuAllocatorInstalled);
+  m.def(
+      "cpu_default_allocator_route",
+      []() {
+        const torch_glue::DefaultAllocatorRoute route = torch_glue::GetDefaultAllocatorRoute();
+        return py::make_tuple(route.taken_over, route.reason);
+      },
+      "(taken_over, reason): whether torch.UntypedStorage(n), storage.clone() and deepcopy of CPU "
+      "tensors come from torchmem while installed, and why not when they do not.");
+  m.def(
+      "default_cpu_allocator_raw_allocate",
+      [](std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(torch_glue::DefaultAllocatorRawAllocate(bytes)); },
+      py::arg("bytes"), "c10::GetDefaultCPUAllocator()->raw_allocate(bytes), as an address (for tests).");
+  m.def(
+      "default_cpu_allocator_raw_deallocate",
+      [](std::uintptr_t address) { torch_glue::DefaultAllocatorRawDeallocate(reinterpret_cast<void*>(address)); },
+      py::arg("address"), "c10::GetDefaultCPUAllocator()->raw_deallocate(address) (for tests).");
   m.def("cpu_engine", []() { return WrapBorrowedEngine(torch_glue::CpuEngine()); });
   m.def(
       "set_gc_retry",

@@ -6,6 +6,7 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchmem's engine, torch glue and stack capture (use the torchmem package)";
+  torchmem::python::RegisterBuildInfo(m);
   if (torchmem::SharedLibraryFingerprint() != torchmem::CompiledInterfaceFingerprint()) {
     throw std::runtime_error(
         "torchmem._C was built against a different libtorchmem.so than the one in "

@@ -3,17 +3,6 @@
 #include <Python.h>
 #include <frameobject.h>
 
-// The GIL-free walk reads CPython 3.11's interpreter frames, whose layout is
-// private and changes in every minor version (3.12 adds shim frames, 3.13
-// renames f_code); other versions take the public-API path.
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && \
-    !defined(TORCHMEM_STACK_CAPTURE_FORCE_GIL)
-#define TORCHMEM_GIL_FREE_WALK 1
-#include <internal/pycore_frame.h>
-#else
-#define TORCHMEM_GIL_FREE_WALK 0
-#endif
-
 #include <pthread.h>
 
 #include <atomic>
@@ -30,6 +19,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "torchmem/core/context_capture.h"
+#include "torchmem/python/frame_walk.h"
+#include "torchmem/python/python_compat.h"
 
 namespace torchmem::python {
 namespace {
@@ -43,24 +34,10 @@ constexpr int kNumShards = 16;
 // Epochs begun (BeginPruneEpoch) whose in-flight ids are kept for Prune.
 constexpr std::size_t kMaxOpenEpochs = 8;
 
-// Once finalization starts, other threads' states are being torn down (and
-// after it, PyGILState's thread-local key is gone). Safe without the GIL: it
-// reads the runtime's state atomically.
-bool InterpreterGone() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return !Py_IsInitialized() || Py_IsFinalizing();
-#else
-  return !Py_IsInitialized() || _Py_IsFinalizing();
-#endif
-}
-
-// One captured frame: the code object and the byte offset of the
-// instruction it was executing (what PyCode_Addr2Line takes). Trivially
-// constructible so the hook's frame array costs nothing to declare.
-struct RawFrame {
-  PyCodeObject* code;
-  int offset;
-};
+// One captured frame (code object, byte offset of its instruction), as the
+// frame walkers write it. Trivially constructible so the hook's frame array
+// costs nothing to declare.
+using RawFrame = TorchmemRawFrame;
 
 inline bool SameFrames(absl::Span<const RawFrame> a, absl::Span<const RawFrame> b) {
   if (a.size() != b.size()) return false;
@@ -602,28 +579,13 @@ ContextId CapturePythonStack() {
   bool truncated = false;
   std::uint64_t hash = kHashSeed;
 #if TORCHMEM_GIL_FREE_WALK
-  // Without the GIL: the frames below belong to this thread, which is here
-  // (in C++) rather than in the interpreter, so none is pushed, popped or
-  // moved while we read; each holds a strong reference to its code object.
-  // Other threads may at most attach frame objects (frame_obj), which we do
-  // not read.
-  const _PyCFrame* cframe = tstate->cframe;
-  for (_PyInterpreterFrame* frame = cframe == nullptr ? nullptr : cframe->current_frame;
-       frame != nullptr; frame = frame->previous) {
-    // A frame still setting up (before its first RESUME) has no meaningful
-    // position; CPython hides these from tracebacks too.
-    if (_PyFrame_IsIncomplete(frame)) continue;
-    if (count == kMaxFrames) {
-      truncated = true;
-      break;
-    }
-    PyCodeObject* code = frame->f_code;
-    const int offset = static_cast<int>(_PyInterpreterFrame_LASTI(frame) * sizeof(_Py_CODEUNIT));
-    frames[count] = RawFrame{code, offset};
-    hash = HashStep(hash, frames[count]);
-    ++count;
-  }
+  // Without the GIL: the version's walker reads this thread's own frames
+  // (see frame_walk.h for why that needs no lock).
+  int truncated_flag = 0;
+  count = TorchmemWalkOwnFrames(tstate, frames, kMaxFrames, &truncated_flag);
   if (count == 0) return kNoContext;
+  truncated = truncated_flag != 0;
+  for (int i = 0; i < count; ++i) hash = HashStep(hash, frames[i]);
   // Whether this thread holds the GIL (an atomic read of the current
   // thread state): torch ops release it, plain Python paths may not.
   const bool holds_gil = _PyThreadState_UncheckedGet() == tstate;

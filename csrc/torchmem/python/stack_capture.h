@@ -9,16 +9,17 @@
 // at allocation time.
 //
 // The GIL. PyTorch's Python bindings release the GIL around every op, so the
-// hook usually runs without it. On CPython 3.11 the hook reads the thread's
-// own interpreter frames directly (PyThreadState -> _PyCFrame ->
-// _PyInterpreterFrame): that chain belongs to the calling thread and is frozen
-// while the thread runs C++ code, so no lock protects it and none is needed.
-// In the steady state (a stack seen before) the hook takes no GIL at all: one
-// shared lock on a table shard, one hash lookup. Only a stack with a code
-// object never seen before takes the GIL (PyGILState_Ensure), once per code
-// object for the life of the table, to take a strong reference. On other
-// Python versions (or when built with TORCHMEM_STACK_CAPTURE_FORCE_GIL) the
-// hook holds the GIL for the whole capture and uses public frame APIs.
+// hook usually runs without it. On CPython 3.10 to 3.13 the hook reads the
+// thread's own interpreter frames directly, through the walker for that
+// version's private frame layout (frame_walk.h): that chain belongs to the
+// calling thread and is frozen while the thread runs C++ code, so no lock
+// protects it and none is needed. In the steady state (a stack seen before)
+// the hook takes no GIL at all: one shared lock on a table shard, one hash
+// lookup. Only a stack with a code object never seen before takes the GIL
+// (PyGILState_Ensure), once per code object for the life of the table, to
+// take a strong reference. On other Python versions (or when built with
+// TORCHMEM_STACK_CAPTURE_FORCE_GIL) the hook holds the GIL for the whole
+// capture and uses public frame APIs.
 //
 // Invariants:
 //   * Every code object that appears in an interned stack is kept alive by
@@ -33,8 +34,8 @@
 //     the same id, whichever thread captured them.
 //   * The hook never calls into the torchmem engine and never takes the GIL
 //     while holding one of the table's locks (lock order: GIL, then table
-//     locks). On 3.11 it allocates no Python objects and runs no Python
-//     code; the public-API path creates frame objects, which may run the
+//     locks). With a frame walker it allocates no Python objects and runs
+//     no Python code; the public-API path creates frame objects, which may run the
 //     garbage collector (and finalizers that free or allocate tensors), so
 //     it walks the frames before touching the table.
 //   * Nothing is captured once the interpreter is finalizing, or on threads
@@ -82,7 +83,8 @@ struct StackCaptureStats {
   // New stacks interned by a thread that did not hold the GIL when the
   // engine called the hook (the normal case under torch ops).
   std::uint64_t interned_without_gil = 0;
-  // True when the hook reads frames without the GIL (CPython 3.11 fast path).
+  // True when the hook reads frames without the GIL (a frame walker for this
+  // Python version, see frame_walk.h).
   bool gil_free_walk = false;
 };
 

@@ -1,5 +1,6 @@
 // The optional event trace (PyTorch's device_traces vocabulary).
 #include "gtest/gtest.h"
+#include "torchmem/core/context_capture.h"
 #include "tests/cpp/support/engine_fixture.h"
 
 namespace torchmem {
@@ -75,6 +76,28 @@ TEST_F(EngineTest, AnnotationsAreTraceEntriesOfLiveBlocksOnly) {
   EXPECT_EQ(TraceLabelText(annotation.user_metadata), "weights");
   Free(ptr);
   EXPECT_TRUE(absl::IsNotFound(engine_->RecordAnnotation(ptr, InternTraceLabel("late"))));
+}
+
+// Each capture names a new caller, so the allocation's context (1) and the
+// emptying code's (2) differ.
+ContextId next_caller_context = 0;
+
+ContextId ContextOfTheCaller() { return ++next_caller_context; }
+
+TEST_F(EngineTest, WithFreeContextsSegmentFreesCarryTheStackOfWhoEmptiedTheCache) {
+  // PyTorch's context="all": emptyCache's stack on its segment_free entries.
+  next_caller_context = 0;
+  SetContextCaptureHook(&ContextOfTheCaller);
+  RequestContextCapture();
+  engine_->SetTraceCapacity(100);
+  Free(Allocate(4096));  // context 1 on the block and its segment
+  engine_->SetTraceFreeContext(true);
+  ASSERT_TRUE(engine_->EmptyCache().ok());  // context 2
+  ReleaseContextCapture();
+  SetContextCaptureHook(nullptr);
+  const TraceEntry last = engine_->GetTrace().back();
+  EXPECT_EQ(last.action, TraceAction::kSegmentFree);
+  EXPECT_EQ(last.context, 2u);
 }
 
 TEST_F(EngineTest, TraceKeepsTheNewestEntriesWhenFull) {

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 import torchmem  # noqa: E402
 
-if "libcudart.so.13" not in os.environ.get("LD_PRELOAD", ""):
+if not any(name in os.environ.get("LD_PRELOAD", "") for name in simcuda.RUNTIME_NAMES):
     raise pytest.UsageError(
         "tests/python/cuda runs on the simulated CUDA device only: run "
         "`pytest tests/python/test_cuda_simulated.py`, which starts it with the right preload"

@@ -11,16 +11,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pytest  # noqa: E402
+
 import torchmem  # noqa: E402
 from composer_model import ComposerLikeTrainer, run_composer_like_training  # noqa: E402
 from leak_helpers import collector_paused, line_of, owner_paths, site_of  # noqa: E402
 
 
-def test_composer_bug_on_cuda_names_the_deepcopy_line_as_a_cycle_that_grows_every_step():
+def test_composer_bug_on_cuda_fails_the_default_check_naming_the_deepcopy_line():
     trainer = ComposerLikeTrainer(device="cuda")
     with collector_paused(), torchmem.GrowthMonitor(warmup=1) as monitor:
-        with torchmem.leak_check(raise_on_leak=False, devices=["cuda:0"]) as report:
-            run_composer_like_training(trainer, steps=5, monitor=monitor)
+        with pytest.raises(torchmem.LeakError) as raised:
+            with torchmem.leak_check(devices=["cuda:0"]):  # the default cycle policy
+                run_composer_like_training(trainer, steps=10, monitor=monitor)
+    report = raised.value.report
 
     deepcopy_line = (
         inspect.getsourcefile(ComposerLikeTrainer),
@@ -28,8 +32,9 @@ def test_composer_bug_on_cuda_names_the_deepcopy_line_as_a_cycle_that_grows_ever
     )
     copied = [finding for finding in report.cycle if site_of(finding) == deepcopy_line]
     # Each batch copies both metrics' states (tp, fp, tn, fn) and their defaults.
-    assert len(copied) == 5 * 2 * 8
-    assert all(finding.device == "cuda:0" and finding.tag == "metrics" for finding in copied)
+    assert len(copied) == 10 * 2 * 8
+    assert all(finding.counted and finding.device == "cuda:0" and finding.tag == "metrics" for finding in copied)
+    assert all("10 separate cycles held by Binary" in finding.note for finding in copied)
     assert {path for finding in copied for path in owner_paths(finding)} >= {
         "<BinaryAccuracy>.tp", "<BinaryF1Score>.fn", "<BinaryAccuracy>._defaults['tp']",
     }
@@ -50,6 +55,6 @@ def test_composer_fixed_on_cuda_has_no_cycle_and_no_growth():
     trainer = FixedTrainer(device="cuda")
     with collector_paused(), torchmem.GrowthMonitor(warmup=1, by_site=False) as monitor:
         with torchmem.leak_check(raise_on_leak=False, devices=["cuda:0"]) as report:
-            run_composer_like_training(trainer, steps=5, monitor=monitor)
+            run_composer_like_training(trainer, steps=10, monitor=monitor)
     assert report.cycle == []
     assert not monitor.report().has_growth

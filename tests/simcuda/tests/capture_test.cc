@@ -14,6 +14,17 @@
 namespace simcuda_test {
 namespace {
 
+// cudaStreamGetCaptureInfo without the dependency outputs: CUDA 13 added the
+// edge-data one to the call (CUDA 12 has it only in _v3).
+cudaError_t CaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                        unsigned long long* id) {
+#if CUDART_VERSION >= 13000
+  return cudaStreamGetCaptureInfo(stream, status, id, nullptr, nullptr, nullptr, nullptr);
+#else
+  return cudaStreamGetCaptureInfo(stream, status, id, nullptr, nullptr, nullptr);
+#endif
+}
+
 class CaptureTest : public SimcudaTest {
  protected:
   void SetUp() override {
@@ -34,7 +45,7 @@ TEST_F(CaptureTest, NothingIsCapturingByDefault) {
     ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
     EXPECT_EQ(status, cudaStreamCaptureStatusNone);
     unsigned long long id = 1;
-    ASSERT_EQ(cudaStreamGetCaptureInfo(s, &status, &id, nullptr, nullptr, nullptr, nullptr),
+    ASSERT_EQ(CaptureInfo(s, &status, &id),
               cudaSuccess);
     EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   }
@@ -44,7 +55,7 @@ TEST_F(CaptureTest, MallocDuringGlobalCaptureFailsAndInvalidates) {
   ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
-  ASSERT_EQ(cudaStreamGetCaptureInfo(stream_, &status, &id, nullptr, nullptr, nullptr, nullptr),
+  ASSERT_EQ(CaptureInfo(stream_, &status, &id),
             cudaSuccess);
   EXPECT_EQ(status, cudaStreamCaptureStatusActive);
   EXPECT_NE(id, 0u);

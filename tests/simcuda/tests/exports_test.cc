@@ -30,7 +30,7 @@ TEST(ExportsTest, RuntimeExportsEverythingTheToolkitRuntimeExports) {
   }
   EXPECT_TRUE(missing.empty()) << missing.size() << " missing, first: " << missing.front();
   for (const std::string& symbol : fake) {
-    EXPECT_NE(symbol.find("@@libcudart.so.13"), std::string::npos) << symbol;
+    EXPECT_NE(symbol.find(std::string("@@") + SIMCUDA_RUNTIME_SONAME), std::string::npos) << symbol;
   }
 }
 
@@ -39,13 +39,13 @@ TEST(ExportsTest, VersionedLookupFindsTheFake) {
   ASSERT_NE(handle, nullptr);
   for (const char* name : {"cudaMalloc", "cudaGetErrorString", "__cudaRegisterFatBinary",
                            "__cudaLaunchKernel", "cudaGraphicsMapResources"}) {
-    EXPECT_NE(dlvsym(handle, name, "libcudart.so.13"), nullptr) << name;
+    EXPECT_NE(dlvsym(handle, name, SIMCUDA_RUNTIME_SONAME), nullptr) << name;
   }
   dlclose(handle);
 }
 
 TEST(ExportsTest, Sonames) {
-  EXPECT_EQ(Soname(SIMCUDA_FAKE_CUDART), "libcudart.so.13");
+  EXPECT_EQ(Soname(SIMCUDA_FAKE_CUDART), SIMCUDA_RUNTIME_SONAME);
   EXPECT_EQ(Soname(SIMCUDA_FAKE_DRIVER), "libcuda.so.1");
 }
 

@@ -24,12 +24,10 @@
 #include <vector>
 
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <torch/version.h>
 
-// The torch version torchmem is compiled against, as 100 * major + minor.
-#define TORCHMEM_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
+#include "torchmem/torch/torch_version.h"
 
-#if TORCHMEM_TORCH_VERSION != 214
+#if !TORCHMEM_TORCH_VERSION_AT_LEAST(2, 14) || TORCHMEM_TORCH_VERSION_AT_LEAST(2, 15)
 #error "torchmem's CUDA allocator spells torch 2.14's CUDAAllocator interface; add this " \
        "torch version's signatures to csrc/torchmem/torch/cuda/allocator_interface.h"
 #endif
@@ -41,7 +39,7 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 // The first byte of PyTorch's shareable CUDA IPC handle: 2 until torch 2.12,
 // 3 from 2.13 (the payload of cudaMalloc handles, type 'c', did not change).
 // A consumer refuses handles of a newer version than its own.
-inline constexpr char kShareableHandleVersion = TORCHMEM_TORCH_VERSION >= 213 ? 3 : 2;
+inline constexpr char kShareableHandleVersion = TORCHMEM_TORCH_VERSION_AT_LEAST(2, 13) ? 3 : 2;
 
 class CudaAllocatorAdapter : public cca::CUDAAllocator {
  public:

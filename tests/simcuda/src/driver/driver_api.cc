@@ -26,10 +26,12 @@ constexpr int kDriverVersion = 13000;
 CUctx_st g_primary_contexts[kMaxDevices];
 thread_local CUctx_st* t_current_context = nullptr;
 
-template <typename Fn>
-Fn Runtime(const char* name) {
-  return reinterpret_cast<Fn>(RuntimeFunction(name));
+CUctx_st* PrimaryContext(int device) {
+  g_primary_contexts[device].device = device;
+  return &g_primary_contexts[device];
 }
+
+}  // namespace
 
 int DeviceCount() {
   if (auto count = Runtime<int (*)()>("simcuda_get_device_count")) return count();
@@ -38,13 +40,6 @@ int DeviceCount() {
 }
 
 bool ValidDevice(CUdevice device) { return device >= 0 && device < DeviceCount(); }
-
-CUctx_st* PrimaryContext(int device) {
-  g_primary_contexts[device].device = device;
-  return &g_primary_contexts[device];
-}
-
-}  // namespace
 
 void* RuntimeFunction(const char* name) {
   static const bool have_runtime = dlsym(RTLD_DEFAULT, "simcuda_is_simulated") != nullptr;
@@ -113,6 +108,27 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
   SIMCUDA_DRIVER_ENTER();
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
+  // The driver's virtual memory (vmm_api.cc): supported, exportable as POSIX
+  // file descriptors only (no fabric, no Windows handles, no RDMA).
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *value = 1;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
+#if CUDA_VERSION >= 13000  // host VMM attributes are new in CUDA 13's cuda.h
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+#endif
+      *value = 0;
+      return CUDA_SUCCESS;
+    default:
+      break;
+  }
   // CUdevice_attribute and cudaDeviceAttr share their numbering.
   auto get = Runtime<int (*)(int*, int, int)>("cudaDeviceGetAttribute");
   if (get == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
@@ -236,6 +252,7 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
   return *text != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+#if CUDA_VERSION >= 12090  // the driver's log callbacks are new in CUDA 12.9
 // Driver log callbacks (torch registers one to enrich error messages): the
 // simulated driver never logs, so registration only hands out a handle.
 CUresult cuLogsRegisterCallback(CUlogsCallback callback, void* user_data,
@@ -251,6 +268,7 @@ CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle handle) {
   SIMCUDA_DRIVER_ENTER();
   return handle == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
+#endif
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** function, int cuda_version,
                              cuuint64_t flags, CUdriverProcAddressQueryResult* status) {

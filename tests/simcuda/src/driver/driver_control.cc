@@ -7,6 +7,8 @@
 #include "common/call_registry.h"
 #include "common/code_names.h"
 #include "driver/driver_entry.h"
+#include "driver/virtual_memory.h"
+#include "simcuda_control.h"
 #include "simcuda_tables.inc"
 
 namespace {
@@ -43,5 +45,16 @@ unsigned long long simcuda_driver_call_count(const char* call) {
 void simcuda_driver_reset_call_counts(void) { simcuda::ResetCallCounts(); }
 
 int simcuda_driver_write_trace(const char* path) { return simcuda::WriteTrace(path) ? 0 : 1; }
+
+void simcuda_driver_vmm_stats(simcuda_vmm_stats_t* stats) {
+  const simcuda::drv::VmmCounts c = simcuda::drv::VirtualMemory::Get().Counts();
+  stats->reservations = c.reservations;
+  stats->reserved_bytes = c.reserved_bytes;
+  stats->allocations = c.allocations;
+  stats->allocated_bytes = c.allocated_bytes;
+  stats->mappings = c.mappings;
+  stats->mapped_bytes = c.mapped_bytes;
+  stats->accessible_bytes = c.accessible_bytes;
+}
 
 }  // extern "C"

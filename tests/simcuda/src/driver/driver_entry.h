@@ -18,6 +18,15 @@ CUresult Unsupported(CallSite* site);
 // process has no fake runtime there, e.g. the driver was loaded alone).
 void* RuntimeFunction(const char* name);
 
+template <typename Fn>
+Fn Runtime(const char* name) {
+  return reinterpret_cast<Fn>(RuntimeFunction(name));
+}
+
+// Devices as the fake runtime configures them (SIMCUDA_DEVICE_COUNT alone).
+int DeviceCount();
+bool ValidDevice(CUdevice device);
+
 }  // namespace drv
 }  // namespace simcuda
 

@@ -52,12 +52,13 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
       Machine::Get().CaptureStatus(stream, CurrentDevice(), status, nullptr, nullptr));
 }
 
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
-                                     unsigned long long* id, cudaGraph_t* graph,
-                                     const cudaGraphNode_t** dependencies,
-                                     const cudaGraphEdgeData** edge_data,
-                                     size_t* num_dependencies) {
-  SIMCUDA_ENTER();
+// Capture info and dependency updates: the dependency list of a simulated
+// capture is always empty (graphs are dummies).
+namespace {
+cudaError_t CaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                        unsigned long long* id, cudaGraph_t* graph,
+                        const cudaGraphNode_t** dependencies, const cudaGraphEdgeData** edge_data,
+                        size_t* num_dependencies) {
   if (status == nullptr) return Result(cudaErrorInvalidValue);
   if (dependencies != nullptr) *dependencies = nullptr;
   if (edge_data != nullptr) *edge_data = nullptr;
@@ -65,17 +66,68 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
   return Result(Machine::Get().CaptureStatus(stream, CurrentDevice(), status, id, graph));
 }
 
-cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
-                                                cudaGraphNode_t* dependencies,
-                                                const cudaGraphEdgeData* dependency_data,
-                                                size_t num_dependencies, unsigned int flags) {
-  SIMCUDA_ENTER();
+cudaError_t UpdateCaptureDependencies(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t err =
       Machine::Get().CaptureStatus(stream, CurrentDevice(), &status, nullptr, nullptr);
   if (err == cudaSuccess && status != cudaStreamCaptureStatusActive) err = cudaErrorIllegalState;
   return Result(err);
 }
+}  // namespace
+
+#if CUDART_VERSION >= 13000
+// CUDA 13: one call each, with edge data.
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                     unsigned long long* id, cudaGraph_t* graph,
+                                     const cudaGraphNode_t** dependencies,
+                                     const cudaGraphEdgeData** edge_data,
+                                     size_t* num_dependencies) {
+  SIMCUDA_ENTER();
+  return CaptureInfo(stream, status, id, graph, dependencies, edge_data, num_dependencies);
+}
+
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
+                                                cudaGraphNode_t* dependencies,
+                                                const cudaGraphEdgeData* dependency_data,
+                                                size_t num_dependencies, unsigned int flags) {
+  SIMCUDA_ENTER();
+  return UpdateCaptureDependencies(stream);
+}
+#else
+// CUDA 12: the header maps cudaStreamGetCaptureInfo to _v2 (no edge data);
+// _v3 and UpdateCaptureDependencies_v2 add edge data.
+cudaError_t cudaStreamGetCaptureInfo_v2(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                        unsigned long long* id, cudaGraph_t* graph,
+                                        const cudaGraphNode_t** dependencies,
+                                        size_t* num_dependencies) {
+  SIMCUDA_ENTER();
+  return CaptureInfo(stream, status, id, graph, dependencies, nullptr, num_dependencies);
+}
+
+cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                        unsigned long long* id, cudaGraph_t* graph,
+                                        const cudaGraphNode_t** dependencies,
+                                        const cudaGraphEdgeData** edge_data,
+                                        size_t* num_dependencies) {
+  SIMCUDA_ENTER();
+  return CaptureInfo(stream, status, id, graph, dependencies, edge_data, num_dependencies);
+}
+
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
+                                                cudaGraphNode_t* dependencies,
+                                                size_t num_dependencies, unsigned int flags) {
+  SIMCUDA_ENTER();
+  return UpdateCaptureDependencies(stream);
+}
+
+cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t stream,
+                                                   cudaGraphNode_t* dependencies,
+                                                   const cudaGraphEdgeData* dependency_data,
+                                                   size_t num_dependencies, unsigned int flags) {
+  SIMCUDA_ENTER();
+  return UpdateCaptureDependencies(stream);
+}
+#endif
 
 cudaError_t cudaGraphCreate(cudaGraph_t* graph, unsigned int flags) {
   SIMCUDA_ENTER();

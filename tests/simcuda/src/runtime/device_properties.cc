@@ -68,9 +68,11 @@ void FillDeviceProperties(int device, uint64_t capacity, cudaDeviceProp* p) {
   p->memoryPoolsSupported = 1;
   p->ipcEventSupported = 1;
   p->clusterLaunch = 1;
+#if CUDART_VERSION >= 13000  // fields new in CUDA 13's cudaDeviceProp
   p->deviceNumaId = -1;
   p->hostNumaId = -1;
   p->gpuPciDeviceID = 0x233010de;
+#endif
 }
 
 bool DeviceAttribute(const cudaDeviceProp& p, int attr, int* value) {
@@ -137,9 +139,15 @@ bool DeviceAttribute(const cudaDeviceProp& p, int attr, int* value) {
     case cudaDevAttrMemoryPoolsSupported: *value = p.memoryPoolsSupported; break;
     case cudaDevAttrClusterLaunch: *value = p.clusterLaunch; break;
     case cudaDevAttrIpcEventSupport: *value = p.ipcEventSupported; break;
+#if CUDART_VERSION >= 13000
     case cudaDevAttrNumaId: *value = p.deviceNumaId; break;
     case cudaDevAttrHostNumaId: *value = p.hostNumaId; break;
     case cudaDevAttrGpuPciDeviceId: *value = static_cast<int>(p.gpuPciDeviceID); break;
+#else
+    case cudaDevAttrNumaId: *value = -1; break;
+    case cudaDevAttrHostNumaId: *value = -1; break;
+    case cudaDevAttrGpuPciDeviceId: *value = 0x233010de; break;
+#endif
     default: *value = 0; break;
   }
   return true;

@@ -1,4 +1,5 @@
-// What the simulated device reports about itself: a CUDA-13 cudaDeviceProp
+// What the simulated device reports about itself: a cudaDeviceProp (of the
+// CUDA version built against: the struct differs between 12 and 13)
 // describing a compute capability 9.0 part named "torchmem simulated device"
 // whose global memory is the simulated capacity, and the matching
 // cudaDeviceGetAttribute values.
@@ -13,8 +14,10 @@ namespace simcuda {
 namespace rt {
 
 constexpr char kDeviceName[] = "torchmem simulated device";
-constexpr int kRuntimeVersion = 13000;
-constexpr int kDriverVersion = 13000;
+// The runtime reports the toolkit's version, as NVIDIA's does; the driver is
+// a CUDA 13 driver, which runs CUDA 12 and 13 programs alike.
+constexpr int kRuntimeVersion = CUDART_VERSION;
+constexpr int kDriverVersion = CUDART_VERSION > 13000 ? CUDART_VERSION : 13000;
 
 void FillDeviceProperties(int device, uint64_t capacity, cudaDeviceProp* prop);
 

@@ -65,7 +65,8 @@ extern "C" {
 cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* status) {
   SIMCUDA_ENTER();
-  return Result(simcuda::rt::EntryPoint(symbol, function, 13000, flags, status));
+  return Result(
+      simcuda::rt::EntryPoint(symbol, function, CUDART_VERSION, flags, status));
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function,

@@ -14,13 +14,15 @@
 // happens at submission; only completion is deferred.
 //
 // Invariants: every live device allocation is charged to exactly one device
-// and `used` is the sum of its charges; a handle is dereferenced only after it
+// and `used` is the sum of its charges and of the driver's physical
+// allocations (ChargeDevice); a handle is dereferenced only after it
 // was found in the live set; host callbacks run without the lock held.
 #ifndef TORCHMEM_TESTS_SIMCUDA_SRC_RUNTIME_MACHINE_H_
 #define TORCHMEM_TESTS_SIMCUDA_SRC_RUNTIME_MACHINE_H_
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +36,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include "common/vmm_link.h"
 
 namespace simcuda {
 namespace rt {
@@ -158,8 +162,18 @@ class Machine {
   cudaError_t FreeHost(void* ptr);
   cudaError_t RegisterHost(void* ptr, size_t size);
   cudaError_t UnregisterHost(void* ptr);
-  // Finds the allocation containing [ptr, ptr + 1).
+  // Charges `bytes` of memory the runtime did not allocate itself (the
+  // driver's physical allocations, cuMemCreate) to `device`'s capacity, or
+  // gives them back. Each charge counts as one live allocation.
+  cudaError_t ChargeDevice(int device, uint64_t bytes);
+  void UnchargeDevice(int device, uint64_t bytes);
+  // Finds the allocation containing [ptr, ptr + 1): the runtime's own, else
+  // pages the driver mapped (cuMemMap), reported as device memory.
   bool Lookup(const void* ptr, Allocation* out);
+  // Finds the runtime's own allocation containing [ptr, ptr + 1).
+  bool LookupOwn(const void* ptr, Allocation* out);
+  // Installs the driver's answer for pointers the runtime did not allocate.
+  void SetMappingLookup(simcuda_mapping_lookup_fn lookup);
 
   // --- Memory shared between processes (machine_ipc.cc) -------------------
   // cudaIpcGetMemHandle: `ptr` must be the base of a device allocation.
@@ -235,6 +249,9 @@ class Machine {
  private:
   Machine();
 
+  // Pages the driver mapped (cuMemMap) covering [ptr, ptr + bytes), readable
+  // by some device, as one device allocation.
+  bool LookupMapped(const void* ptr, size_t bytes, Allocation* out);
   DeviceState* DeviceLocked(int device);
   CUstream_st* StreamByIdLocked(uint64_t id);
   cudaError_t ResolveLocked(cudaStream_t handle, int device, CUstream_st** out);
@@ -263,6 +280,7 @@ class Machine {
   std::unordered_set<const void*> events_;                  // live handles
   std::unordered_set<const void*> graphs_;
   std::unordered_set<const void*> graph_execs_;
+  std::atomic<simcuda_mapping_lookup_fn> mapping_lookup_{nullptr};
   int active_captures_ = 0;
   uint64_t next_stream_id_ = 1;
   uint64_t next_capture_id_ = 1;

@@ -155,7 +155,26 @@ cudaError_t Machine::UnregisterHost(void* ptr) {
   return cudaSuccess;
 }
 
-bool Machine::Lookup(const void* ptr, Allocation* out) {
+cudaError_t Machine::ChargeDevice(int device, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceState* d = DeviceLocked(device);
+  if (d == nullptr) return cudaErrorInvalidDevice;
+  if (bytes > d->capacity - std::min(d->capacity, d->used)) return cudaErrorMemoryAllocation;
+  d->used += bytes;
+  d->peak = std::max(d->peak, d->used);
+  ++d->live_allocations;
+  return cudaSuccess;
+}
+
+void Machine::UnchargeDevice(int device, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceState* d = DeviceLocked(device);
+  if (d == nullptr) return;
+  d->used -= std::min(d->used, bytes);
+  if (d->live_allocations > 0) --d->live_allocations;
+}
+
+bool Machine::LookupOwn(const void* ptr, Allocation* out) {
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocations_.upper_bound(p);
@@ -166,9 +185,39 @@ bool Machine::Lookup(const void* ptr, Allocation* out) {
   return true;
 }
 
+bool Machine::Lookup(const void* ptr, Allocation* out) {
+  return LookupOwn(ptr, out) || LookupMapped(ptr, 1, out);
+}
+
+bool Machine::LookupMapped(const void* ptr, size_t bytes, Allocation* out) {
+  // Pages the driver mapped, asked without our lock (the driver calls into
+  // the runtime while holding its own).
+  simcuda_mapping_lookup_fn lookup = mapping_lookup_.load(std::memory_order_acquire);
+  int device = -1;
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (lookup == nullptr ||
+      !lookup(reinterpret_cast<uintptr_t>(ptr), bytes, &device, &base, &size)) {
+    return false;
+  }
+  *out = Allocation();
+  out->base = base;
+  out->size = size;
+  out->device = device;
+  out->kind = MemoryKind::kDevice;
+  return true;
+}
+
+void Machine::SetMappingLookup(simcuda_mapping_lookup_fn lookup) {
+  mapping_lookup_.store(lookup, std::memory_order_release);
+}
+
 cudaError_t Machine::CheckDeviceRange(const void* ptr, size_t bytes) {
   Allocation a;
-  if (!Lookup(ptr, &a)) return cudaErrorInvalidValue;
+  if (!LookupOwn(ptr, &a)) {
+    // Mapped pages may span several mappings: the driver checks the range.
+    return LookupMapped(ptr, bytes, &a) ? cudaSuccess : cudaErrorInvalidValue;
+  }
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   if (p + bytes > a.base + a.size) return cudaErrorInvalidValue;
   return cudaSuccess;

@@ -1,0 +1,180 @@
+"""When memory held only by reference cycles counts as leaked (torchmem.leaks.cycle_policy).
+
+An object that lives in a cycle by design (every torchmetrics Metric, through
+functools.wraps) is reported, not counted; cycle garbage that repeats (a new cycle left by
+the same allocation stack and holder type, step after step) is counted: the Composer bug.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import torchmem
+from leak_helpers import collector_paused, torchmem_cpu  # noqa: F401
+
+
+class MetricLike:
+    """Refers to itself as torchmetrics' Metric does: ``update`` wraps the bound method."""
+
+    def __init__(self):
+        self.total = torch.zeros(128)
+        self.update = self._wrap(self.update)  # update.__wrapped__.__self__ is self
+
+    def _wrap(self, update):
+        @functools.wraps(update)
+        def wrapped(*args):
+            return update(*args)
+
+        return wrapped
+
+    def update(self, value: torch.Tensor) -> None:
+        self.total = self.total + value
+
+
+class Wrapper:
+    """Holds several metric-like objects, and is in a cycle itself, as torchmetrics'
+    MetricCollection, BootStrapper and MetricTracker are (they are Metrics or modules that
+    refer to themselves): dropped, it leaves one island of garbage, not one per metric."""
+
+    def __init__(self, count: int):
+        self.metrics = [MetricLike() for _ in range(count)]
+        self.me = self
+
+
+def build_and_drop_one_metric() -> None:
+    metric = MetricLike()
+    metric.update(torch.ones(128))
+
+
+def build_and_drop_metrics_in_a_loop(steps: int) -> None:
+    for _ in range(steps):
+        build_and_drop_one_metric()  # each iteration drops one cycle: garbage piles up
+
+
+def build_and_drop_a_wrapper(count: int) -> None:
+    wrapper = Wrapper(count)
+    for metric in wrapper.metrics:
+        metric.update(torch.ones(128))
+
+
+def test_an_object_that_lives_in_a_cycle_by_design_is_reported_and_not_counted():
+    with collector_paused(), torchmem.leak_check() as report:  # would raise if counted
+        build_and_drop_one_metric()
+
+    assert report.leaked == [] and not report.has_leaks
+    assert report.cycle and report.uncounted_cycles == report.cycle
+    for finding in report.cycle:
+        assert not finding.counted
+        assert finding.note.startswith("not counted: 1 separate cycle held by MetricLike")
+        assert "MetricLike.update.__wrapped__.__self__ is the same MetricLike" == finding.cycle
+    assert "cycle garbage not counted" in report.render().splitlines()[0]
+    assert "cycle, not counted" in report.render()
+
+
+def test_the_same_stack_and_holder_type_leaving_a_cycle_every_iteration_is_counted():
+    with collector_paused(), pytest.raises(torchmem.LeakError) as raised:
+        with torchmem.leak_check():
+            build_and_drop_metrics_in_a_loop(steps=8)
+
+    report = raised.value.report
+    assert report.cycle and all(finding.counted for finding in report.cycle)
+    assert all(finding.note.startswith("counted: 8 separate cycles held by MetricLike") for finding in report.cycle)
+
+
+def test_fewer_iterations_than_the_default_of_eight_are_not_counted():
+    # As many separate cycles as a test that builds several objects of one kind and drops
+    # them together at its end (a tracker after a few increments) leaves.
+    with collector_paused(), torchmem.leak_check() as report:
+        build_and_drop_metrics_in_a_loop(steps=7)
+
+    assert report.cycle and not report.leaked
+
+
+def test_cycle_repeats_sets_how_many_separate_cycles_count():
+    with collector_paused(), torchmem.leak_check(raise_on_leak=False, cycle_repeats=2) as report:
+        build_and_drop_metrics_in_a_loop(steps=2)
+
+    assert report.cycle and all(finding.counted for finding in report.cycle)
+
+
+def test_many_cycles_held_together_by_one_wrapper_are_one_island_and_not_counted():
+    with collector_paused(), torchmem.leak_check() as report:
+        build_and_drop_a_wrapper(count=10)
+
+    assert len(report.cycle) == 10  # each metric's updated total (the first ones were replaced)
+    assert report.leaked == []
+
+
+def test_a_reused_check_counts_a_cycle_the_previous_entry_left_too():
+    check = torchmem.leak_check(raise_on_leak=False)
+    reports = []
+    with collector_paused():
+        for _ in range(3):
+            with check as report:
+                build_and_drop_one_metric()
+            reports.append(report)
+
+    assert reports[0].cycle and reports[0].leaked == []
+    for report in reports[1:]:
+        assert report.cycle and report.leaked == report.cycle
+        assert "previous entry of this check" in report.cycle[0].note
+
+
+def test_warmup_entries_do_not_start_the_repetition():
+    check = torchmem.leak_check(raise_on_leak=False, warmup=1)
+    with collector_paused():
+        with check as warm:
+            build_and_drop_one_metric()
+        with check as first_checked:
+            build_and_drop_one_metric()
+
+    assert warm.leaked == [] and {finding.kind for finding in warm.findings} == {"allowed"}
+    assert first_checked.cycle and first_checked.leaked == []
+
+
+@pytest.mark.parametrize("policy, counted", [("always", True), ("never", False)])
+def test_always_counts_every_cycle_and_never_counts_none(policy, counted):
+    steps = 1 if counted else 10
+    with collector_paused(), torchmem.leak_check(raise_on_leak=False, cycles=policy) as report:
+        build_and_drop_metrics_in_a_loop(steps=steps)
+
+    assert report.cycle and all(finding.counted is counted for finding in report.cycle)
+    assert report.cycle_policy == policy
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"cycles": "sometimes"}, "cycles must be 'repeating'"),
+        ({"cycles": 3}, "cycles must be 'repeating'"),
+        ({"cycle_repeats": 1}, "cycle_repeats must be an int >= 2"),
+        ({"cycle_repeats": "three"}, "cycle_repeats must be an int >= 2"),
+        ({"cycle_repeats": True}, "cycle_repeats must be an int >= 2"),
+    ],
+)
+def test_bad_cycle_options_are_refused_with_what_to_pass(options, message):
+    with pytest.raises(ValueError, match=message):
+        torchmem.leak_check(**options)
+
+
+def test_untagged_is_a_tag_allow_tags_accepts():
+    with torchmem.leak_check(allow_tags="untagged", raise_on_leak=False) as report:
+        KEPT.append(torch.zeros(1000))
+        with torchmem.tag("cache"):
+            KEPT.append(torch.zeros(1000))
+
+    assert [finding.kind for finding in report.findings].count("allowed") == 1
+    assert report.allowed[0].note == "tag 'untagged' is allowed"
+    assert [finding.tag for finding in report.reachable] == ["cache"]
+    KEPT.clear()
+
+
+KEPT: list = []
+
+
+def test_untagged_cannot_be_opened_as_a_tag():
+    with pytest.raises(ValueError, match="'untagged' is the name torchmem gives memory allocated outside every tag"):
+        torchmem.tag("untagged")
