@@ -164,6 +164,8 @@ SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
   if (segment.owner != nullptr) info.owner = segment.owner->id;
   info.registration = segment.registration;
   info.context = segment.context;
+  info.vmm = segment.vmm;
+  info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
   for (const Block* block = segment.first; block != nullptr; block = block->next) {
     info.blocks.push_back(DescribeBlock(*block));
   }
@@ -235,6 +237,10 @@ absl::StatusOr<SegmentInfo> Engine::SegmentContaining(const void* ptr) const {
       if (segment.owner != nullptr) info.owner = segment.owner->id;
       info.registration = segment.registration;
       info.context = segment.context;
+      info.vmm = segment.vmm;
+      info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
+  info.vmm = segment.vmm;
+  info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
       return info;
     }
   }
