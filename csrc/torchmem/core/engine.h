@@ -367,6 +367,9 @@ class Engine {
   // The pages of a block that goes live / stops being live.
   absl::Status AcquirePages(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReleasePages(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // garbage_collection_threshold for virtual memory: past threshold x limit,
+  // unmaps and frees cached pages of the default pool down to it.
+  void CollectCachedPages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The engine's VmmSpace, created on first use; an error if the backend
   // has no virtual memory.
   absl::StatusOr<VmmSpace*> Vmm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -182,6 +182,21 @@ absl::Status Engine::AcquirePages(Block* block) {
   return vmm_->Acquire(*block->segment, block->address, block->size, limits);
 }
 
+void Engine::CollectCachedPages() {
+  // garbage_collection_threshold under virtual memory: cached pages are the
+  // only memory a range holds that no live block needs. A new page is taken
+  // from them before one is created, so they pile up only up to the peak;
+  // past threshold x limit, give back the excess (highest addresses first,
+  // the pages least likely to be wanted back soon) rather than PyTorch's
+  // oldest blocks, which have no counterpart among pages.
+  const auto threshold =
+      static_cast<std::int64_t>(gc_threshold_ * static_cast<double>(memory_limit_));
+  const std::int64_t reserved = stats_.reserved_bytes.all().current;
+  if (reserved <= threshold) return;
+  const auto page = static_cast<std::int64_t>(vmm_->page_size());
+  (void)vmm_->ReleaseStealable((reserved - threshold + page - 1) / page);
+}
+
 void Engine::ReleasePages(Block* block) {
   vmm_->Release(*block->segment, block->address, block->size);
 }
@@ -210,7 +225,12 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
     }
     Block* block = CarveBlock(choice.block, choice.address, rounded);
     failure = AcquirePages(block);
-    if (failure.ok()) return block;
+    if (failure.ok()) {
+      if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0 && memory_limit_ != 0) && !capturing) {
+        CollectCachedPages();
+      }
+      return block;
+    }
     // Nothing was taken: the space goes back as it was.
     InsertMerged(block);
     ApplyInactiveSplitChange(pool);

@@ -209,6 +209,17 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
   return absl::OkStatus();
 }
 
+std::int64_t VmmSpace::ReleaseStealable(std::int64_t pages) {
+  std::int64_t released = 0;
+  while (released < pages && !stealable_.empty()) {
+    absl::StatusOr<PhysicalPage> handle = UnmapPage(*stealable_.rbegin());
+    if (!handle.ok()) break;  // the page stays cached
+    FreeHandle(*handle);
+    ++released;
+  }
+  return released;
+}
+
 void VmmSpace::ReleaseEverything() {
   for (const auto& [index, page] : pages_) {
     if (!page.mapped) continue;

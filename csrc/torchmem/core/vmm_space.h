@@ -102,6 +102,11 @@ class VmmSpace {
   // freed stay cached.
   absl::Status ReleaseCached(Segment& range);
 
+  // Unmaps and frees up to `pages` cached pages of ranges of no private
+  // pool, highest address first (garbage collection under a memory limit).
+  // Returns how many went; stops at the first backend error.
+  std::int64_t ReleaseStealable(std::int64_t pages);
+
   // Unmaps and frees every page, live or not (the engine is being
   // destroyed); errors are ignored.
   void ReleaseEverything();

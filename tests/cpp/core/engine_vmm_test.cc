@@ -160,6 +160,24 @@ TEST_F(EngineVmmTest, AMemoryLimitCountsMappedPagesAndFailsCleanly) {
   Release(again);
 }
 
+TEST_F(EngineVmmTest, GarbageCollectionGivesBackCachedPagesPastTheThreshold) {
+  engine_->SetMemoryLimit(10 * kPage);
+  engine_->SetGarbageCollectionThreshold(0.5);  // collect past 5 pages
+  void* low = Touch(2 * kPage);
+  void* high = Touch(4 * kPage);
+  Release(high);  // 4 cached pages: 6 mapped, over the threshold
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(6 * kPage));
+  // A block on another stream takes a cached page (stolen, not created);
+  // then the collection unmaps cached pages down to the threshold.
+  void* elsewhere = Touch(kPage, /*stream=*/9);
+  EXPECT_EQ(Stats().vmm.steals, 1);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(5 * kPage));
+  EXPECT_EQ(Stats().vmm.cached_bytes, static_cast<std::int64_t>(2 * kPage));
+  EXPECT_EQ(backend_->live_pages(), 5);
+  Release(elsewhere);
+  Release(low);
+}
+
 TEST_F(EngineVmmTest, AFullDeviceRunsTheLadderThenReportsOutOfMemory) {
   backend_->SetCapacity(6 * kPage);
   void* big = Touch(5 * kPage);
