@@ -56,7 +56,8 @@ absl::Status VmmSpace::Acquire(Segment& range, std::uintptr_t start, std::size_t
     if (page.references++ > 0) continue;
     ++touched_pages_;
     if (page.mapped) {
-      stealable_.erase(index);
+      // A stealable_ entry, if any, goes stale (dropped by the next steal
+      // that meets it): no set operation on the hot path.
       if (ABSL_PREDICT_FALSE(!page.accessible)) inaccessible.push_back(index);
     } else {
       unbacked.push_back(index);
@@ -120,8 +121,8 @@ absl::Status VmmSpace::GiveAccess(std::uint64_t first, std::int64_t count) {
 absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limits,
                                                     std::int64_t* created) {
   absl::Status steal_error;
-  if (limits.may_steal && !stealable_.empty()) {
-    absl::StatusOr<PhysicalPage> stolen = UnmapPage(*stealable_.rbegin());
+  if (std::optional<std::uint64_t> victim = limits.may_steal ? HighestStealable() : std::nullopt) {
+    absl::StatusOr<PhysicalPage> stolen = UnmapPage(*victim);
     if (stolen.ok()) {
       ++counters_.steals;
       return stolen;
@@ -138,6 +139,17 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
   absl::StatusOr<PhysicalPage> handle = backend_.CreatePhysicalPage();
   if (handle.ok()) ++*created;
   return handle;
+}
+
+std::optional<std::uint64_t> VmmSpace::HighestStealable() {
+  while (!stealable_.empty()) {
+    const std::uint64_t index = *stealable_.rbegin();
+    Page& page = pages_.find(index)->second;
+    if (page.references == 0) return index;
+    stealable_.erase(index);  // stale: touched since it was listed
+    page.listed = false;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<PhysicalPage> VmmSpace::UnmapPage(std::uint64_t index) {
@@ -173,8 +185,9 @@ void VmmSpace::Unreference(Segment& range, std::uint64_t first, std::uint64_t la
     --touched_pages_;
     if (!it->second.mapped) {
       pages_.erase(it);
-    } else if (Stealable(range)) {
+    } else if (Stealable(range) && !it->second.listed) {
       stealable_.insert(index);
+      it->second.listed = true;
     }
   }
 }
@@ -211,8 +224,10 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
 
 std::int64_t VmmSpace::ReleaseStealable(std::int64_t pages) {
   std::int64_t released = 0;
-  while (released < pages && !stealable_.empty()) {
-    absl::StatusOr<PhysicalPage> handle = UnmapPage(*stealable_.rbegin());
+  while (released < pages) {
+    std::optional<std::uint64_t> victim = HighestStealable();
+    if (!victim) break;
+    absl::StatusOr<PhysicalPage> handle = UnmapPage(*victim);
     if (!handle.ok()) break;  // the page stays cached
     FreeHandle(*handle);
     ++released;
@@ -262,12 +277,18 @@ std::string VmmSpace::Check(
     ++per_range[range];
     if (page.references > 0) ++touched;
     const bool should_steal = page.references == 0 && Stealable(*range);
-    if (should_steal != stealable_.contains(index)) {
-      return absl::StrFormat("page %#x is %sin the stealable set but %s", address,
-                             should_steal ? "not " : "",
-                             should_steal ? "cached in the default pool" : "not stealable");
+    const bool listed = stealable_.contains(index);
+    if (listed != page.listed) {
+      return absl::StrFormat("page %#x is %sin the stealable set but flagged otherwise", address,
+                             listed ? "" : "not ");
     }
-    stealable += should_steal;
+    if (should_steal && !listed) {
+      return absl::StrFormat("page %#x is cached in the default pool but not stealable", address);
+    }
+    if (listed && !Stealable(*range)) {
+      return absl::StrFormat("page %#x of a private pool is in the stealable set", address);
+    }
+    stealable += listed;
   }
   if (stealable != static_cast<std::int64_t>(stealable_.size())) {
     return "the stealable set holds pages that are not mapped";

@@ -25,14 +25,19 @@
 //     operations); a page's entry exists iff it is mapped;
 //   - every mapped page lies in exactly one registered range, whose
 //     mapped_pages counts it;
-//   - the stealable set holds exactly the mapped, untouched pages of ranges
-//     of no private pool.
+//   - the stealable set holds every mapped, untouched page of ranges of no
+//     private pool, and only mapped pages, each flagged `listed`. It may
+//     also hold pages that a live block touched since they were listed
+//     (stale entries, skipped and dropped when a steal meets them): a block
+//     going live on cached pages and coming back, the hot path, then costs
+//     no set operation.
 #ifndef TORCHMEM_CORE_VMM_SPACE_H_
 #define TORCHMEM_CORE_VMM_SPACE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/container/btree_map.h"
@@ -113,7 +118,6 @@ class VmmSpace {
 
   std::int64_t mapped_pages() const { return mapped_pages_; }
   std::int64_t touched_pages() const { return touched_pages_; }
-  std::int64_t stealable_pages() const { return static_cast<std::int64_t>(stealable_.size()); }
   const VmmCounters& counters() const { return counters_; }
   VmmCounters& mutable_counters() { return counters_; }
 
@@ -130,8 +134,14 @@ class VmmSpace {
     // SetAccess succeeded (a failed acquisition may leave a page mapped
     // without access: it gets it when a block next needs it).
     bool accessible = false;
+    // In stealable_ (possibly stale: touched again since it was listed).
+    bool listed = false;
     PhysicalPage handle = 0;
   };
+
+  // The highest-addressed cached page that may be stolen, dropping stale
+  // entries on the way; nullopt if none.
+  std::optional<std::uint64_t> HighestStealable();
 
   // A physical page to map: a cached page's handle (stolen) or a new one;
   // `created` counts the pages this acquisition created.
