@@ -392,7 +392,18 @@ class Fuzzer {
   }
 
   void DoAllocate(const Before& before) {
-    const std::size_t size = RandomSize();
+    std::size_t size = RandomSize();
+    // Under the virtual-memory placement each 2 MiB page of a block is an
+    // entry in the engine's page table: a block near the capacity of a
+    // multi-TiB controlled device would need tens of millions of them (a
+    // real device has about 100 thousand pages), more than the fuzzer's
+    // memory. Such blocks stay under 64 GiB; larger than the device they
+    // still fail fast.
+    constexpr std::size_t kMaxVmmBlock = std::size_t{64} << 30;
+    if (engine_->placement() == Placement::kVirtualMemory && size > kMaxVmmBlock &&
+        size <= controlled_capacity_ + controlled_capacity_ / 8) {
+      size = kMaxVmmBlock;
+    }
     const StreamId stream = RandomStream();
     if (live_.size() >= kMaxLiveBlocks) return;
     const std::size_t limit = engine_->memory_limit();
@@ -766,7 +777,10 @@ class Fuzzer {
         std::int64_t sum = 0;
         const std::vector<SegmentInfo> segments = engine_->GetSegments();
         for (const SegmentInfo& segment : segments) {
-          sum += static_cast<std::int64_t>(segment.size);
+          // A virtual-memory range holds its mapped pages, not its address space.
+          sum += static_cast<std::int64_t>(segment.mapped_bytes);
+          FUZZ_CHECK(segment.vmm || segment.mapped_bytes == segment.size,
+                     "a segment holds its size");
           std::uintptr_t at = segment.address;
           for (const BlockInfo& block : segment.blocks) {
             FUZZ_CHECK(block.address == at, "segment blocks are contiguous");

@@ -374,6 +374,8 @@ class Engine {
   // has no virtual memory.
   absl::StatusOr<VmmSpace*> Vmm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void OnPagesMapped(Segment& range, std::int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // range_bytes_ from the device's capacity now.
+  absl::Status SizeRanges(std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Bytes of `segment` that hold memory: its size, or a range's mapped pages.
   std::int64_t HeldBytes(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FillVmmStats(MemoryStats& stats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -10,6 +10,7 @@
 // mapped pages) follows what is live rather than what was once split.
 #include <algorithm>
 #include <bit>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,18 +48,23 @@ absl::StatusOr<VmmSpace*> Engine::Vmm() {
         "%d",
         device_name_, *page, policy_.min_block_size));
   }
+  if (absl::Status sized = SizeRanges(*page); !sized.ok()) return sized;
+  vmm_ = std::make_unique<VmmSpace>(
+      *backend_, *page, [this](Segment& range, std::int64_t pages) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        OnPagesMapped(range, pages);
+      });
+  return vmm_.get();
+}
+
+absl::Status Engine::SizeRanges(std::size_t page) {
   absl::StatusOr<std::size_t> capacity = backend_->Capacity();
   if (!capacity.ok()) return capacity.status();
   // Each range can hold the whole device and an eighth more, as PyTorch
   // sizes an expandable segment: address space costs no memory, and a range
   // never fills up before the device does.
   const std::size_t wanted = *capacity + *capacity / 8;
-  range_bytes_ = std::max(*page, (wanted + *page - 1) / *page * *page);
-  vmm_ = std::make_unique<VmmSpace>(
-      *backend_, *page, [this](Segment& range, std::int64_t pages) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        OnPagesMapped(range, pages);
-      });
-  return vmm_.get();
+  range_bytes_ = std::max(page, (wanted + page - 1) / page * page);
+  return absl::OkStatus();
 }
 
 void Engine::OnPagesMapped(Segment& range, std::int64_t pages) {
@@ -110,6 +116,10 @@ absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
       !allowed.ok()) {
     return allowed;
   }
+  // Sized by the device's capacity now (a device whose capacity changed,
+  // as a simulated one can, gets ranges that fit it from then on); if the
+  // device cannot say, the last size serves.
+  (void)SizeRanges((*space)->page_size());
   ++(*space)->mutable_counters().reserves;
   absl::StatusOr<std::uintptr_t> address = backend_->ReserveAddressRange(range_bytes_);
   if (!address.ok()) {
@@ -170,14 +180,32 @@ Block* Engine::CarveBlock(Block* block, std::uintptr_t address, std::size_t size
 }
 
 absl::Status Engine::AcquirePages(Block* block) {
+  // Each page of a block takes an entry in the page table before any is
+  // mapped: a block larger than the device (a range is an eighth larger)
+  // fails here, before the table grows by millions of entries. Only huge
+  // blocks pay for asking the device.
+  constexpr std::int64_t kPagesWorthACapacityCheck = std::int64_t{1} << 15;
+  const auto page = static_cast<std::int64_t>(vmm_->page_size());
+  const std::uint64_t spanned =
+      vmm_->PageOf(block->address + block->size - 1) - vmm_->PageOf(block->address) + 1;
+  if (ABSL_PREDICT_FALSE(spanned >= static_cast<std::uint64_t>(kPagesWorthACapacityCheck))) {
+    const std::int64_t untouched = vmm_->UntouchedPages(block->address, block->size);
+    absl::StatusOr<std::size_t> capacity = backend_->Capacity();
+    if (capacity.ok() && untouched > static_cast<std::int64_t>(*capacity) / page) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s of new pages are more than the device's %s", FormatBytes(untouched * page),
+          FormatBytes(static_cast<std::int64_t>(*capacity))));
+    }
+  }
   VmmAcquireLimits limits;
   // Unmapping a cached page waits for its stream, which a capture forbids.
   limits.may_steal = !CaptureUnderwayLocked();
   if (memory_limit_ != 0) {
-    const std::int64_t room =
-        static_cast<std::int64_t>(memory_limit_) - stats_.reserved_bytes.all().current;
-    limits.creatable_pages =
-        std::max<std::int64_t>(0, room / static_cast<std::int64_t>(vmm_->page_size()));
+    // Unsigned: a limit may be as large as SIZE_MAX (no practical limit).
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+    const std::size_t room = memory_limit_ > reserved ? memory_limit_ - reserved : 0;
+    limits.creatable_pages = static_cast<std::int64_t>(
+        std::min<std::size_t>(room / vmm_->page_size(), std::numeric_limits<std::int64_t>::max()));
   }
   return vmm_->Acquire(*block->segment, block->address, block->size, limits);
 }
@@ -189,12 +217,14 @@ void Engine::CollectCachedPages() {
   // past threshold x limit, give back the excess (highest addresses first,
   // the pages least likely to be wanted back soon) rather than PyTorch's
   // oldest blocks, which have no counterpart among pages.
-  const auto threshold =
-      static_cast<std::int64_t>(gc_threshold_ * static_cast<double>(memory_limit_));
+  // In doubles: threshold x limit may exceed any integer type (a limit of
+  // SIZE_MAX), and then nothing is over it.
+  const double threshold = gc_threshold_ * static_cast<double>(memory_limit_);
   const std::int64_t reserved = stats_.reserved_bytes.all().current;
-  if (reserved <= threshold) return;
+  if (static_cast<double>(reserved) <= threshold) return;
+  const auto excess = static_cast<std::int64_t>(static_cast<double>(reserved) - threshold);
   const auto page = static_cast<std::int64_t>(vmm_->page_size());
-  (void)vmm_->ReleaseStealable((reserved - threshold + page - 1) / page);
+  (void)vmm_->ReleaseStealable((excess + page - 1) / page);
 }
 
 void Engine::ReleasePages(Block* block) {

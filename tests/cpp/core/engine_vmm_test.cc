@@ -4,6 +4,7 @@
 // virtual-memory call fails. The backend holds real host memory, so a block
 // the engine hands out on an unmapped page would crash the test.
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -176,6 +177,24 @@ TEST_F(EngineVmmTest, GarbageCollectionGivesBackCachedPagesPastTheThreshold) {
   EXPECT_EQ(backend_->live_pages(), 5);
   Release(elsewhere);
   Release(low);
+}
+
+TEST_F(EngineVmmTest, ALimitOfSizeMaxIsNoLimit) {
+  engine_->SetMemoryLimit(std::numeric_limits<std::size_t>::max());
+  engine_->SetGarbageCollectionThreshold(0.5);
+  Release(Touch(3 * kPage));
+  EXPECT_EQ(Stats().num_ooms, 0);
+}
+
+TEST_F(EngineVmmTest, RangesReservedAfterTheDeviceGrewFitIt) {
+  // The first range was sized for 256 MiB; a range reserved later for
+  // another stream is sized by the capacity then.
+  Release(Touch(kPage));
+  backend_->SetCapacity(std::size_t{4} << 30);
+  void* large = Allocate(std::size_t{1} << 30, /*stream=*/9);
+  ASSERT_NE(large, nullptr);
+  EXPECT_POOL_INTACT(*engine_);
+  Release(large);
 }
 
 TEST_F(EngineVmmTest, AFullDeviceRunsTheLadderThenReportsOutOfMemory) {
