@@ -248,22 +248,25 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
     }
     const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, *vmm_);
     if (choice.block == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
+      // The ladder may release the range (if all of it is free) and reserve
+      // one sized by the device's capacity now.
+      failure = absl::ResourceExhaustedError(absl::StrFormat(
           "no free extent of %s is left in the %s of address space reserved for this pool",
           FormatBytes(static_cast<std::int64_t>(rounded)),
           FormatBytes(static_cast<std::int64_t>(range->size))));
-    }
-    Block* block = CarveBlock(choice.block, choice.address, rounded);
-    failure = AcquirePages(block);
-    if (failure.ok()) {
-      if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0 && memory_limit_ != 0) && !capturing) {
-        CollectCachedPages();
+    } else {
+      Block* block = CarveBlock(choice.block, choice.address, rounded);
+      failure = AcquirePages(block);
+      if (failure.ok()) {
+        if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0 && memory_limit_ != 0) && !capturing) {
+          CollectCachedPages();
+        }
+        return block;
       }
-      return block;
+      // Nothing was taken: the space goes back as it was.
+      InsertMerged(block);
+      ApplyInactiveSplitChange(pool);
     }
-    // Nothing was taken: the space goes back as it was.
-    InsertMerged(block);
-    ApplyInactiveSplitChange(pool);
     if (!absl::IsResourceExhausted(failure) || capturing || attempt == 1) break;
     // The ladder: pending blocks become free and every cached page that may
     // go is given back (of released private pools too), then once more.
