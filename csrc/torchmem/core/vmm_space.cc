@@ -19,6 +19,46 @@ VmmSpace::VmmSpace(Backend& backend, std::size_t page_size, MappedListener liste
       page_shift_(std::countr_zero(page_size)),
       listener_(std::move(listener)) {}
 
+VmmSpace::Page& VmmSpace::PageTable::operator[](std::uint64_t index) {
+  const std::uint64_t id = index >> kChunkShift;
+  Chunk* chunk = ChunkOf(id);
+  if (chunk == nullptr) {
+    chunk = chunks_.emplace(id, std::make_unique<Chunk>()).first->second.get();
+    cached_id_ = id;
+    cached_ = chunk;
+  }
+  Page& page = chunk->pages[index & kChunkMask];
+  if (!page.present) {
+    page = Page{};
+    page.present = true;
+    ++chunk->held;
+    ++size_;
+  }
+  return page;
+}
+
+void VmmSpace::PageTable::Erase(std::uint64_t index) {
+  const std::uint64_t id = index >> kChunkShift;
+  Chunk* chunk = ChunkOf(id);
+  if (chunk == nullptr || !chunk->pages[index & kChunkMask].present) return;
+  chunk->pages[index & kChunkMask].present = false;
+  --size_;
+  if (--chunk->held == 0) {
+    if (cached_id_ == id) {
+      cached_id_ = ~std::uint64_t{0};
+      cached_ = nullptr;
+    }
+    chunks_.erase(id);
+  }
+}
+
+void VmmSpace::PageTable::Clear() {
+  chunks_.clear();
+  size_ = 0;
+  cached_id_ = ~std::uint64_t{0};
+  cached_ = nullptr;
+}
+
 void VmmSpace::AddRange(Segment* range) { ranges_.emplace(range->address, range); }
 
 void VmmSpace::RemoveRange(Segment* range) { ranges_.erase(range->address); }
@@ -35,8 +75,8 @@ std::int64_t VmmSpace::UntouchedPages(std::uintptr_t start, std::size_t size) co
   const std::uint64_t first = PageOf(start);
   const std::uint64_t last = PageOf(start + size - 1);
   auto touched = [this](std::uint64_t index) {
-    auto it = pages_.find(index);
-    return it != pages_.end() && it->second.references > 0;
+    const Page* page = pages_.Find(index);
+    return page != nullptr && page->references > 0;
   };
   auto untouched = static_cast<std::int64_t>(last - first + 1);
   if (touched(first)) --untouched;
@@ -144,7 +184,7 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
 std::optional<std::uint64_t> VmmSpace::HighestStealable() {
   while (!stealable_.empty()) {
     const std::uint64_t index = *stealable_.rbegin();
-    Page& page = pages_.find(index)->second;
+    Page& page = *pages_.Find(index);
     if (page.references == 0) return index;
     stealable_.erase(index);  // stale: touched since it was listed
     page.listed = false;
@@ -153,15 +193,14 @@ std::optional<std::uint64_t> VmmSpace::HighestStealable() {
 }
 
 absl::StatusOr<PhysicalPage> VmmSpace::UnmapPage(std::uint64_t index) {
-  auto it = pages_.find(index);
+  const PhysicalPage handle = pages_.Find(index)->handle;
   Segment* range = RangeOf(index);
   ++counters_.unmaps;
   if (absl::Status unmapped = backend_.UnmapPages(index << page_shift_, page_size_, range->stream);
       !unmapped.ok()) {
     return unmapped;
   }
-  const PhysicalPage handle = it->second.handle;
-  pages_.erase(it);
+  pages_.Erase(index);
   stealable_.erase(index);
   --mapped_pages_;
   --range->mapped_pages;
@@ -180,14 +219,14 @@ void VmmSpace::Release(Segment& range, std::uintptr_t start, std::size_t size) {
 
 void VmmSpace::Unreference(Segment& range, std::uint64_t first, std::uint64_t last) {
   for (std::uint64_t index = first; index <= last; ++index) {
-    auto it = pages_.find(index);
-    if (--it->second.references > 0) continue;
+    Page& page = *pages_.Find(index);
+    if (--page.references > 0) continue;
     --touched_pages_;
-    if (!it->second.mapped) {
-      pages_.erase(it);
-    } else if (Stealable(range) && !it->second.listed) {
+    if (!page.mapped) {
+      pages_.Erase(index);
+    } else if (Stealable(range) && !page.listed) {
       stealable_.insert(index);
-      it->second.listed = true;
+      page.listed = true;
     }
   }
 }
@@ -196,9 +235,9 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
   const std::uint64_t first = PageOf(range.address);
   const std::uint64_t last = PageOf(range.address + range.size - 1);
   std::vector<std::uint64_t> cached;
-  for (const auto& [index, page] : pages_) {
+  pages_.ForEach([&](std::uint64_t index, const Page& page) {
     if (index >= first && index <= last && page.references == 0) cached.push_back(index);
-  }
+  });
   std::sort(cached.begin(), cached.end());
   // One unmap per run of adjacent pages, then each page's handle is freed.
   for (std::size_t begin = 0; begin < cached.size();) {
@@ -209,9 +248,8 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
                                                 (end - begin) << page_shift_, range.stream);
     if (!unmapped.ok()) return unmapped;
     for (std::size_t i = begin; i < end; ++i) {
-      auto it = pages_.find(cached[i]);
-      FreeHandle(it->second.handle);
-      pages_.erase(it);
+      FreeHandle(pages_.Find(cached[i])->handle);
+      pages_.Erase(cached[i]);
       stealable_.erase(cached[i]);
       --mapped_pages_;
       --range.mapped_pages;
@@ -236,15 +274,15 @@ std::int64_t VmmSpace::ReleaseStealable(std::int64_t pages) {
 }
 
 void VmmSpace::ReleaseEverything() {
-  for (const auto& [index, page] : pages_) {
-    if (!page.mapped) continue;
+  pages_.ForEach([&](std::uint64_t index, const Page& page) {
+    if (!page.mapped) return;
     Segment* range = RangeOf(index);
     if (backend_.UnmapPages(index << page_shift_, page_size_, range->stream).ok()) {
       (void)backend_.ReleasePhysicalPage(page.handle);
     }
     --range->mapped_pages;
-  }
-  pages_.clear();
+  });
+  pages_.Clear();
   stealable_.clear();
   mapped_pages_ = touched_pages_ = 0;
 }
@@ -252,8 +290,8 @@ void VmmSpace::ReleaseEverything() {
 std::string VmmSpace::Check(
     const absl::flat_hash_map<std::uint64_t, std::int32_t>& references) const {
   for (const auto& [index, count] : references) {
-    auto it = pages_.find(index);
-    if (it == pages_.end() || !it->second.mapped || !it->second.accessible) {
+    const Page* page = pages_.Find(index);
+    if (page == nullptr || !page->mapped || !page->accessible) {
       return absl::StrFormat("page %#x is touched by %d live blocks but not mapped and accessible",
                              index << page_shift_, count);
     }
@@ -261,7 +299,10 @@ std::string VmmSpace::Check(
   absl::flat_hash_map<const Segment*, std::int64_t> per_range;
   std::int64_t touched = 0;
   std::int64_t stealable = 0;
-  for (const auto& [index, page] : pages_) {
+  std::vector<std::pair<std::uint64_t, Page>> held;
+  held.reserve(static_cast<std::size_t>(pages_.size()));
+  pages_.ForEach([&](std::uint64_t index, const Page& page) { held.emplace_back(index, page); });
+  for (const auto& [index, page] : held) {
     const std::uintptr_t address = index << page_shift_;
     auto expected = references.find(index);
     const std::int32_t count = expected == references.end() ? 0 : expected->second;
@@ -296,7 +337,7 @@ std::string VmmSpace::Check(
   if (touched != touched_pages_) {
     return absl::StrFormat("%d pages counted touched, %d are", touched_pages_, touched);
   }
-  if (static_cast<std::int64_t>(pages_.size()) != mapped_pages_) {
+  if (pages_.size() != mapped_pages_) {
     return absl::StrFormat("%d pages counted mapped, %d are", mapped_pages_, pages_.size());
   }
   std::uintptr_t previous_end = 0;

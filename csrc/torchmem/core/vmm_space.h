@@ -36,7 +36,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -136,7 +138,60 @@ class VmmSpace {
     bool accessible = false;
     // In stealable_ (possibly stale: touched again since it was listed).
     bool listed = false;
+    bool present = false;  // the table holds this page (see PageTable)
     PhysicalPage handle = 0;
+  };
+
+  // Pages by index, in chunks of 512 pages (1 GiB of 2 MiB pages) allocated
+  // while they hold a page: a block's pages are consecutive, so a 16 MiB
+  // block costs one chunk lookup rather than eight hash lookups, and the
+  // last chunk used is remembered. The subset of a hash map's interface the
+  // space needs.
+  class PageTable {
+   public:
+    Page* Find(std::uint64_t index) const {
+      Chunk* chunk = ChunkOf(index >> kChunkShift);
+      if (chunk == nullptr) return nullptr;
+      Page& page = chunk->pages[index & kChunkMask];
+      return page.present ? &page : nullptr;
+    }
+    // The page, inserted (default) if absent.
+    Page& operator[](std::uint64_t index);
+    void Erase(std::uint64_t index);
+    void Clear();
+    std::int64_t size() const { return size_; }
+    // fn(index, page) for every page held, in no particular order.
+    template <typename Fn>
+    void ForEach(Fn fn) const {
+      for (const auto& [id, chunk] : chunks_) {
+        for (std::uint64_t i = 0; i < kChunkPages; ++i) {
+          if (chunk->pages[i].present) fn((id << kChunkShift) + i, chunk->pages[i]);
+        }
+      }
+    }
+
+   private:
+    static constexpr int kChunkShift = 9;
+    static constexpr std::uint64_t kChunkPages = std::uint64_t{1} << kChunkShift;
+    static constexpr std::uint64_t kChunkMask = kChunkPages - 1;
+    struct Chunk {
+      std::array<Page, kChunkPages> pages;
+      std::int64_t held = 0;
+    };
+    Chunk* ChunkOf(std::uint64_t id) const {
+      if (id == cached_id_) return cached_;
+      auto it = chunks_.find(id);
+      if (it == chunks_.end()) return nullptr;
+      cached_id_ = id;
+      cached_ = it->second.get();
+      return cached_;
+    }
+
+    absl::flat_hash_map<std::uint64_t, std::unique_ptr<Chunk>> chunks_;
+    std::int64_t size_ = 0;
+    // The chunk last looked up (never a freed one).
+    mutable std::uint64_t cached_id_ = ~std::uint64_t{0};
+    mutable Chunk* cached_ = nullptr;
   };
 
   // The highest-addressed cached page that may be stolen, dropping stale
@@ -168,7 +223,7 @@ class VmmSpace {
   const MappedListener listener_;
   absl::btree_map<std::uintptr_t, Segment*> ranges_;  // by base address
   // Mapped pages by index (address / page size).
-  absl::flat_hash_map<std::uint64_t, Page> pages_;
+  PageTable pages_;
   absl::btree_set<std::uint64_t> stealable_;
   std::int64_t mapped_pages_ = 0;
   std::int64_t touched_pages_ = 0;
