@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "torchmem/torch/torch_version.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -121,7 +122,11 @@ CudaAllocSettings ReadCudaAllocSettings() {
   for (std::size_t i = 0; i < policy.roundup_power2_divisions.size() && i < divisions.size(); ++i) {
     policy.roundup_power2_divisions[i] = divisions[i];
   }
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 11)  // large_segment_size_mb arrived in 2.11
   const std::size_t large_segment = AcceleratorAllocatorConfig::large_segment_size();
+#else
+  const std::size_t large_segment = policy.large_segment_size;
+#endif
   if (large_segment != policy.large_segment_size) {
     SizePolicy with_segment = policy;
     with_segment.large_segment_size = large_segment;
@@ -142,7 +147,9 @@ CudaAllocSettings ReadCudaAllocSettings() {
     policy = SizePolicy::PyTorchDefault();
   }
   settings.garbage_collection_threshold = AcceleratorAllocatorConfig::garbage_collection_threshold();
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // per_process_memory_fraction arrived in 2.10
   settings.per_process_memory_fraction = CUDAAllocatorConfig::per_process_memory_fraction();
+#endif
   const char* uncached = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
   settings.caching_disabled = uncached != nullptr && *uncached != '\0' && std::string_view(uncached) != "0";
   if (settings.caching_disabled) {
@@ -158,7 +165,8 @@ CudaAllocSettings ReadCudaAllocSettings() {
   return settings;
 }
 
-void ListenForSettingsChanges(std::function<void()> listener) {
+bool ListenForSettingsChanges(std::function<void()> listener) {
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 11)  // c10's config parser hook arrived in 2.11
   static std::once_flag once;
   std::call_once(once, [&listener] {
     auto& hook = AcceleratorAllocatorConfig::getConfigParserHook();
@@ -168,6 +176,10 @@ void ListenForSettingsChanges(std::function<void()> listener) {
       listener();
     };
   });
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace torchmem::torch_glue

@@ -133,7 +133,7 @@ void TorchmemCudaAllocatorImpl::init(int device_count) {
   }
   SetWarningHandler(&WarnThroughTorch);
   ApplySettings();
-  ListenForSettingsChanges([] { AllocatorImpl().ApplySettings(); });
+  (void)ListenForSettingsChanges([] { AllocatorImpl().ApplySettings(); });
   // Engines made before (through torchmem's Python API) get the settings
   // now; the others are created configured.
   for (const auto& [device, engine] : CudaEngines()) ConfigureNewEngine(device, *engine);
@@ -373,10 +373,12 @@ void* TorchmemCudaAllocatorImpl::getBaseAllocation(void* ptr, size_t* size) {
               " (torchmem's CUDA engines did not allocate it)");
 }
 
-std::vector<cca::StreamSegmentSize> TorchmemCudaAllocatorImpl::getExpandableSegmentSizes(
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)
+std::vector<cca::StreamSegmentSize> TorchmemCudaAllocatorImpl::ExpandableSegmentSizes(
     c10::DeviceIndex device) {
   return {};  // torchmem makes no expandable segments (yet)
 }
+#endif
 
 void TorchmemCudaAllocatorImpl::recordStream(const c10::DataPtr& ptr,
                                              c10::cuda::CUDAStream stream) {
@@ -426,7 +428,7 @@ void TorchmemCudaAllocatorImpl::attachOutOfMemoryObserver(cca::OutOfMemoryObserv
   oom_observers_.push_back(std::move(observer));
 }
 
-void TorchmemCudaAllocatorImpl::AttachOomRejectionObserver(cca::OomRejectionObserver observer) {
+void TorchmemCudaAllocatorImpl::AttachOomRejectionObserver(OomRejectionObserver observer) {
   // torchmem never rejects an allocation before asking the device
   // (throw_on_cudamalloc_oom is not implemented): kept, never called.
   std::lock_guard<std::mutex> lock(mutex_);
@@ -485,7 +487,7 @@ void TorchmemCudaAllocatorImpl::SetUseOnOom(c10::DeviceIndex device, c10::Mempoo
   CheckPoolStatus(EngineOf(device).SetPoolUseOnOom(ToPoolId(pool), use_on_oom));
 }
 
-void TorchmemCudaAllocatorImpl::setNoSplit(c10::DeviceIndex device,
+void TorchmemCudaAllocatorImpl::SetNoSplit(c10::DeviceIndex device,
                                            c10::MempoolId_t mempool_id) {
   CheckPoolStatus(EngineOf(device).SetPoolNoSplit(ToPoolId(mempool_id)));
 }
