@@ -121,12 +121,14 @@ def comm_stream(rank: int, world_size: int) -> dict:
 
 def fsdp2(rank: int, world_size: int) -> dict:
     """FSDP2 on CUDA: all-gathers and reduce-scatters run on FSDP's own streams."""
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     device = _device()
     model = torch.nn.Sequential(Scale(1 << 16), Scale(1 << 16)).to(device)
-    mesh = init_device_mesh("cuda", (world_size,))
+    # The mesh over the Gloo group spawn() made: init_device_mesh would make a group of
+    # CUDA's default backend on torch < 2.14 (NCCL, which the simulated device cannot run).
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
     with torchmem.tag("shard"):
         for layer in model:
             fully_shard(layer, mesh=mesh)
