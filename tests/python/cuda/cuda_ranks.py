@@ -126,8 +126,8 @@ def fsdp2(rank: int, world_size: int) -> dict:
 
     device = _device()
     model = torch.nn.Sequential(Scale(1 << 16), Scale(1 << 16)).to(device)
-    # The mesh over the Gloo group spawn() made: init_device_mesh would make a group of
-    # CUDA's default backend on torch < 2.14 (NCCL, which the simulated device cannot run).
+    # The mesh over the Gloo world group itself: init_device_mesh("cuda") of torch 2.9 and
+    # 2.10 replaces a Gloo default group by a new "cuda:nccl" one, which cannot run here.
     mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
     with torchmem.tag("shard"):
         for layer in model:
