@@ -167,6 +167,13 @@ def test_caching_off_allocates_straight_from_the_device(sim):
         assert torchmem.memory_stats("cuda:0")["allocation.all.current"] == 0
         del x
         assert sim.call_count("cudaFree") == calls[1] + 1
+        # The raw entry points too (caching_allocator_alloc, cuDNN's workspaces).
+        requested = torchmem.memory_stats("cuda:0")["requested_bytes.all.allocated"]
+        raw = torch._C._cuda_cudaCachingAllocator_raw_alloc(1 << 20, torch.cuda.current_stream().cuda_stream)
+        assert sim.call_count("cudaMalloc") == calls[0] + 2
+        assert torchmem.memory_stats("cuda:0")["requested_bytes.all.allocated"] == requested
+        torch._C._cuda_cudaCachingAllocator_raw_delete(raw)
+        assert sim.call_count("cudaFree") == calls[1] + 2
     finally:
         torch.cuda.memory.caching_allocator_enable(True)
     assert enabled is None or enabled()

@@ -229,11 +229,18 @@ void* TorchmemCudaAllocatorImpl::raw_alloc(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-  return Malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+  return raw_alloc_with_stream(nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
 void* TorchmemCudaAllocatorImpl::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return nullptr;
+  if (ABSL_PREDICT_FALSE(caching_disabled_.load(std::memory_order_relaxed) ||
+                         !enabled_.load(std::memory_order_relaxed))) {
+    // As PyTorch's: with caching off, raw allocations go straight to the device.
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&ptr, nbytes));
+    return ptr;
+  }
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
   return Malloc(device, nbytes, stream);
@@ -247,6 +254,12 @@ void TorchmemCudaAllocatorImpl::raw_delete(void* ptr) {
     absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
     if (freed.ok() && !*freed) continue;
     TORCH_CHECK(freed.ok(), std::string(freed.status().message()));
+    return;
+  }
+  if (caching_disabled_.load(std::memory_order_relaxed) ||
+      !enabled_.load(std::memory_order_relaxed)) {
+    // A raw allocation made while caching is off (no engine owns it).
+    C10_CUDA_CHECK(cudaFree(ptr));
     return;
   }
   TORCH_CHECK(false, "invalid device pointer: ", ptr,
