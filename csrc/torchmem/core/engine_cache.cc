@@ -128,8 +128,9 @@ bool Engine::ReleaseOversizeBlocks(FreeLists& lists, std::size_t needed) {
   } else {
     // Otherwise several oversize blocks, largest first.
     std::vector<Block*> oversize;
+    const SizePolicy policy = policy_;  // a copy: the lambda is not seen to hold the lock
     lists.ForEachFree([&](Block* block) {
-      if (policy_.IsOversize(block->size) && !block->IsSplit()) oversize.push_back(block);
+      if (policy.IsOversize(block->size) && !block->IsSplit()) oversize.push_back(block);
     });
     std::sort(oversize.begin(), oversize.end(),
               [](const Block* a, const Block* b) { return a->size > b->size; });
