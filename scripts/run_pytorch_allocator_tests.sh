@@ -12,8 +12,8 @@
 # every Python subprocess the tests start. Comparing with the run under PyTorch's
 # allocator separates torchmem's failures from what the simulated device cannot
 # do (kernels do not run, so tests that check computed values fail under both).
-# Needs the simulated device built (bash /work/tools/dev-build.sh or
-# scripts/install.sh) and the Python package `expecttest` (PyTorch's test utils).
+# Needs torchmem and the simulated device built (`bash scripts/install.sh`, or
+# an in-place build plus build/release) and the Python package `expecttest`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
