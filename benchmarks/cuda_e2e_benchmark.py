@@ -57,8 +57,8 @@ or torch.cuda.memory_stats for native) and that capture was on inside the leak c
 Run (torchmem's extension must be built with CUDA into torchmem/_C*.so, and the
 simulated device built: ``cmake -S tests/simcuda -B build/simcuda && cmake --build
 build/simcuda -j2``; ``$TORCHMEM_SIMCUDA_DIR`` picks a build):
-    PYTHONPATH=/work/main python3 benchmarks/cuda_e2e_benchmark.py
-    PYTHONPATH=/work/main python3 benchmarks/cuda_e2e_benchmark.py --rounds 7 --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/cuda_e2e_benchmark.py
+    PYTHONPATH=$PWD python3 benchmarks/cuda_e2e_benchmark.py --rounds 7 --json out.json
 It measures and prints; it asserts nothing about time.
 """
 

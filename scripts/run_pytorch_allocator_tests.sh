@@ -12,8 +12,8 @@
 # every Python subprocess the tests start. Comparing with the run under PyTorch's
 # allocator separates torchmem's failures from what the simulated device cannot
 # do (kernels do not run, so tests that check computed values fail under both).
-# Needs the simulated device built (bash /work/tools/dev-build.sh or
-# scripts/install.sh) and the Python package `expecttest` (PyTorch's test utils).
+# Needs torchmem and the simulated device built (`bash scripts/install.sh`, or
+# an in-place build plus build/release) and the Python package `expecttest`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -36,8 +36,9 @@ if os.environ.get("TORCHMEM_PYTORCH_TESTS") == "torchmem":
     torchmem.install()
 PY
 
-PRELOAD=$($PYTHON -c "import sys; sys.path.insert(0, 'tests/simcuda'); import simcuda; print(simcuda.preload())")
-run_pytest() {  # allocator, junit file, pytest args...
+# The simulated NVML too: PyTorch's expandable segments need it (tests/simcuda/README.md).
+PRELOAD=$($PYTHON -c "import sys; sys.path.insert(0, 'tests/simcuda'); import simcuda; print(simcuda.preload(nvml=True))")
+run_pytest() {  # allocator, junit file, pytest args (a test id: only that test runs)...
   local allocator=$1 junit=$2
   shift 2
   # In DIR: PyTorch's tests write files next to themselves.
@@ -45,7 +46,7 @@ run_pytest() {  # allocator, junit file, pytest args...
     env LD_PRELOAD="$PRELOAD" SIMCUDA_DEVICE_COUNT=2 SIMCUDA_MEMORY_BYTES=16G \
       CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
       TORCHMEM_PYTORCH_TESTS="$allocator" PYTHONPATH="$SITE:$ROOT" \
-      timeout 900 $PYTHON -m pytest test_cuda.py -p no:cacheprovider -q -o addopts= \
+      timeout 900 $PYTHON -m pytest -p no:cacheprovider -q -o addopts= \
       --junitxml="$junit" "$@")
 }
 

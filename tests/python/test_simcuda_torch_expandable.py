@@ -104,9 +104,10 @@ def test_segments_grow_in_place_and_empty_cache_unmaps_free_pages(run_expandable
         assert reserved() == 0 and sim.live_bytes(0) == 0
         assert sim.vmm_stats()["mappings"] == 0
     """)
-    # Every page created was mapped once, given access, unmapped and released.
-    assert calls["cuMemCreate"] == calls["cuMemMap"] == calls["cuMemUnmap"] == 4
-    assert calls["cuMemRelease"] == 4
+    # Every page was mapped once, unmapped and released: four pages, the peak. (torch 2.11
+    # also makes one cuMemCreate at start-up that the device refuses: a handle-type probe.)
+    assert calls["cuMemMap"] == calls["cuMemUnmap"] == calls["cuMemRelease"] == 4, calls
+    assert calls["cuMemCreate"] in (4, 5), calls
     assert calls["cuMemAddressReserve"] == 2  # one reservation per segment
 
 
@@ -142,11 +143,17 @@ def test_out_of_memory_unmaps_cached_pages_and_retries(run_expandable):
 
 def test_injected_driver_failures_reach_pytorch_as_they_would_on_a_gpu(run_expandable):
     run_expandable("""
-        # cuMemCreate out of memory: PyTorch frees its cache and retries.
+        # cuMemCreate out of memory: PyTorch frees its cache (a cached page of the small
+        # pool) and retries. (With nothing cached, torch 2.11 gives up at once, 2.14 retries.)
+        torch.empty(MiB, dtype=torch.uint8, device="cuda")  # freed at once: cached
+        assert reserved() == 2 * MiB
+        creates_before = sim.call_count("cuMemCreate")
         sim.fail_next("cuMemCreate", 1, "CUDA_ERROR_OUT_OF_MEMORY")
         x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
         assert torch.cuda.memory_stats()["num_alloc_retries"] == 1
-        assert sim.call_count("cuMemCreate") == 2   # the failed one, then one 20 MiB page
+        assert reserved() == 20 * MiB, reserved()   # the small page went back to the device
+        # The failed one, then one 20 MiB page.
+        assert sim.call_count("cuMemCreate") == creates_before + 2
         check_device_agrees()
         # Any other driver error is PyTorch's "CUDA driver error".
         sim.fail_next("cuMemSetAccess", 1, "CUDA_ERROR_UNKNOWN")

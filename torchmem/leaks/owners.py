@@ -338,6 +338,19 @@ def _downward(roots: list, targets: dict, *, budget: int, deadline: float, skip:
 # --- the upward walk -------------------------------------------------------------------
 
 
+# References to a candidate that the pass itself holds when _only_this_pass_holds asks:
+# the candidates list, the caller's loop variable, the function's argument and
+# getrefcount's argument (the same on Python 3.10 to 3.13).
+_PASS_REFERENCES = 4
+
+
+def _only_this_pass_holds(candidate) -> bool:
+    """A referrer nothing else refers to holds nothing for anyone: the argument tuple of
+    the ``gc.get_referrers(*targets)`` call itself (Python 3.13 returns it among the
+    referrers of the targets; followed upwards, each level's call would add one more)."""
+    return sys.getrefcount(candidate) <= _PASS_REFERENCES
+
+
 class _UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
@@ -484,7 +497,7 @@ class _UpwardSearch:
         references: dict[int, int] = defaultdict(int)  # from every candidate, the search's own included
         for parent in candidates:
             parent_id = id(parent)
-            own = parent_id in ignore or (
+            own = parent_id in ignore or _only_this_pass_holds(parent) or (
                 isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename))
             for child in gc.get_referents(parent):
                 child_id = id(child)

@@ -16,6 +16,14 @@ import torch
 
 BlockKey = tuple  # (device: str, address: int)
 
+# On torch 2.9 (and, unmeasured, 2.10) reading the data pointer of an UntypedStorage object
+# found in the heap corrupts torch.multiprocessing's shared_cache: after DataLoader workers
+# sent batches, a later rebuild_storage_fd crashes in _free_weak_ref. Such a heap object can
+# be a storage whose Python object torch keeps alive for C++ ("PyObject preservation",
+# reworked by 2.11). There, bare storages are not start points: memory held only through
+# one is reported without its holder (README, "Supported versions").
+_BARE_STORAGES_ARE_READABLE = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 11)
+
 _MAX_GRAPH_VISITS = 200_000  # graph nodes visited, over all heads
 
 
@@ -102,7 +110,7 @@ def locate_tensors(index: BlockIndex, objects: Iterable, *, follow_graphs: bool 
     for cls in set(map(type, objects)):
         kind = (
             1 if issubclass(cls, torch.Tensor)
-            else 2 if issubclass(cls, torch.UntypedStorage)
+            else 2 if _BARE_STORAGES_ARE_READABLE and issubclass(cls, torch.UntypedStorage)
             else 3 if follow_graphs and issubclass(cls, _Node)
             else 0
         )

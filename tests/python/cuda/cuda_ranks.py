@@ -121,12 +121,14 @@ def comm_stream(rank: int, world_size: int) -> dict:
 
 def fsdp2(rank: int, world_size: int) -> dict:
     """FSDP2 on CUDA: all-gathers and reduce-scatters run on FSDP's own streams."""
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     device = _device()
     model = torch.nn.Sequential(Scale(1 << 16), Scale(1 << 16)).to(device)
-    mesh = init_device_mesh("cuda", (world_size,))
+    # The mesh over the Gloo world group itself: init_device_mesh("cuda") of torch 2.9 and
+    # 2.10 replaces a Gloo default group by a new "cuda:nccl" one, which cannot run here.
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
     with torchmem.tag("shard"):
         for layer in model:
             fully_shard(layer, mesh=mesh)

@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
 
+TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+
 record = torch.cuda.memory._record_memory_history
 
 
@@ -90,6 +92,7 @@ def test_max_entries_keeps_the_newest_and_clear_history_drops_them():
     assert traces(torch.cuda.memory._snapshot()) == []
 
 
+@pytest.mark.skipif(TORCH < (2, 11), reason="_record_memory_history(skip_actions=) arrived in torch 2.11")
 def test_skip_actions_are_not_recorded():
     record("all", context="all", stacks="python", skip_actions=["free_requested", "free_completed"])
     torch.empty(1000, device="cuda")
@@ -108,6 +111,7 @@ def test_history_off_records_nothing_new_and_drops_the_trace():
     del tensor
 
 
+@pytest.mark.skipif(TORCH < (2, 12), reason="torch.cuda.memory._allocation_traceback arrived in torch 2.12")
 def test_allocation_traceback_of_a_live_pointer():
     record("all", context="all", stacks="python")
     tensor = torch.empty(1000, device="cuda")  # the traceback line
@@ -143,6 +147,7 @@ def test_dump_snapshot_is_rendered_by_pytorchs_memory_viz(tmp_path):
     del tensors
 
 
+@pytest.mark.skipif(TORCH < (2, 14), reason="memory annotations arrived in torch 2.14")
 def test_user_metadata_and_annotations_are_stamped_on_trace_entries():
     record("all", context="all", stacks="python")
     assert torch._C._cuda_memoryMetadataSupported()

@@ -83,6 +83,8 @@ def test_the_handle_is_pytorchs_format_for_the_whole_segment():
                       "offset_in_segment": offset == neighbour.data_ptr() - base,
                       "one_handle_per_segment": storage._share_cuda_()[1] == handle}))
     """
-    # PyTorch 2.14's format: version 3, 'c' (cudaMalloc), the 64-byte cudaIpcMemHandle_t.
-    assert run(snippet, "torchmem") == {"prefix": [3, ord("c")], "length": 66, "size": 1000,
+    # PyTorch's format: its version (3 from torch 2.13, 2 before), 'c' (cudaMalloc), the
+    # 64-byte cudaIpcMemHandle_t.
+    version = 3 if torch.torch_version.TorchVersion(torch.__version__.split("+")[0]) >= (2, 13) else 2
+    assert run(snippet, "torchmem") == {"prefix": [version, ord("c")], "length": 66, "size": 1000,
                                         "offset_in_segment": True, "one_handle_per_segment": True}

@@ -17,6 +17,9 @@ import torchmem
 POOLS = {"small": "small_pool", "large": "large_pool"}
 
 
+TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+
+
 def recount(snapshot: list[dict]) -> dict[str, int]:
     """The current value of each stat, from the segments and blocks alone."""
     counts: dict[str, int] = {}
@@ -31,7 +34,8 @@ def recount(snapshot: list[dict]) -> dict[str, int]:
             add(name, pool, 0)
     for segment in snapshot:
         pool = segment["segment_type"]
-        if tuple(segment["segment_pool_id"]) != (0, 0):
+        # PyTorch counts reserved bytes per private pool from 2.13.
+        if tuple(segment["segment_pool_id"]) != (0, 0) and TORCH >= (2, 13):
             first, second = segment["segment_pool_id"]
             for kind in ("all", POOLS[pool]):
                 key = f"reserved_bytes_by_private_pools.{first}_{second}.{kind}.current"

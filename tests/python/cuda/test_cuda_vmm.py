@@ -19,6 +19,12 @@ import torchmem
 from torchmem import _C
 
 MiB = 1 << 20
+TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+# The fixture below switches expandable segments on at run time; before torch 2.11 PyTorch has
+# no hook that passes such a change on to an allocator (test_cuda_alloc_conf.py covers the
+# environment variable on every release).
+pytestmark = pytest.mark.skipif(
+    TORCH < (2, 11), reason="allocator settings changed at run time reach torchmem from torch 2.11")
 
 
 def engine():

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "torchmem/torch/torch_version.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -115,7 +116,11 @@ CudaAllocSettings ReadCudaAllocSettings() {
   for (std::size_t i = 0; i < policy.roundup_power2_divisions.size() && i < divisions.size(); ++i) {
     policy.roundup_power2_divisions[i] = divisions[i];
   }
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 11)  // large_segment_size_mb arrived in 2.11
   const std::size_t large_segment = AcceleratorAllocatorConfig::large_segment_size();
+#else
+  const std::size_t large_segment = policy.large_segment_size;
+#endif
   if (large_segment != policy.large_segment_size) {
     SizePolicy with_segment = policy;
     with_segment.large_segment_size = large_segment;
@@ -136,7 +141,9 @@ CudaAllocSettings ReadCudaAllocSettings() {
     policy = SizePolicy::PyTorchDefault();
   }
   settings.garbage_collection_threshold = AcceleratorAllocatorConfig::garbage_collection_threshold();
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // per_process_memory_fraction arrived in 2.10
   settings.per_process_memory_fraction = CUDAAllocatorConfig::per_process_memory_fraction();
+#endif
   // Not CUDAAllocatorConfig::expandable_segments(): it answers by a macro of
   // PyTorch's own build (PYTORCH_C10_DRIVER_API_SUPPORTED) that is undefined
   // in an extension, and would say false with a warning.
@@ -156,7 +163,8 @@ CudaAllocSettings ReadCudaAllocSettings() {
   return settings;
 }
 
-void ListenForSettingsChanges(std::function<void()> listener) {
+bool ListenForSettingsChanges(std::function<void()> listener) {
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 11)  // c10's config parser hook arrived in 2.11
   static std::once_flag once;
   std::call_once(once, [&listener] {
     auto& hook = AcceleratorAllocatorConfig::getConfigParserHook();
@@ -166,6 +174,10 @@ void ListenForSettingsChanges(std::function<void()> listener) {
       listener();
     };
   });
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace torchmem::torch_glue

@@ -56,7 +56,9 @@ std::vector<std::string> UnimplementedSettings();
 // Calls `listener` after PyTorch parses new settings
 // (torch.cuda.memory._set_allocator_settings), by chaining c10's device
 // config parser hook. Idempotent; the listener lives for the process.
-void ListenForSettingsChanges(std::function<void()> listener);
+// False where torch has no such hook (before 2.11): there torchmem reads the
+// settings once, when it is installed.
+bool ListenForSettingsChanges(std::function<void()> listener);
 
 }  // namespace torchmem::torch_glue
 

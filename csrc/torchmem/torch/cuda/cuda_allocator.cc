@@ -133,7 +133,7 @@ void TorchmemCudaAllocatorImpl::init(int device_count) {
   }
   SetWarningHandler(&WarnThroughTorch);
   ApplySettings();
-  ListenForSettingsChanges([] { AllocatorImpl().ApplySettings(); });
+  (void)ListenForSettingsChanges([] { AllocatorImpl().ApplySettings(); });
   // Engines made before (through torchmem's Python API) get the settings
   // now; the others are created configured.
   for (const auto& [device, engine] : CudaEngines()) ConfigureNewEngine(device, *engine);
@@ -240,11 +240,18 @@ void* TorchmemCudaAllocatorImpl::raw_alloc(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-  return Malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+  return raw_alloc_with_stream(nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
 void* TorchmemCudaAllocatorImpl::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return nullptr;
+  if (ABSL_PREDICT_FALSE(caching_disabled_.load(std::memory_order_relaxed) ||
+                         !enabled_.load(std::memory_order_relaxed))) {
+    // As PyTorch's: with caching off, raw allocations go straight to the device.
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&ptr, nbytes));
+    return ptr;
+  }
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
   return Malloc(device, nbytes, stream);
@@ -258,6 +265,12 @@ void TorchmemCudaAllocatorImpl::raw_delete(void* ptr) {
     absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
     if (freed.ok() && !*freed) continue;
     TORCH_CHECK(freed.ok(), std::string(freed.status().message()));
+    return;
+  }
+  if (caching_disabled_.load(std::memory_order_relaxed) ||
+      !enabled_.load(std::memory_order_relaxed)) {
+    // A raw allocation made while caching is off (no engine owns it).
+    C10_CUDA_CHECK(cudaFree(ptr));
     return;
   }
   TORCH_CHECK(false, "invalid device pointer: ", ptr,
@@ -384,10 +397,12 @@ void* TorchmemCudaAllocatorImpl::getBaseAllocation(void* ptr, size_t* size) {
               " (torchmem's CUDA engines did not allocate it)");
 }
 
-std::vector<cca::StreamSegmentSize> TorchmemCudaAllocatorImpl::getExpandableSegmentSizes(
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)
+std::vector<cca::StreamSegmentSize> TorchmemCudaAllocatorImpl::ExpandableSegmentSizes(
     c10::DeviceIndex device) {
   return {};  // torchmem makes no expandable segments (yet)
 }
+#endif
 
 void TorchmemCudaAllocatorImpl::recordStream(const c10::DataPtr& ptr,
                                              c10::cuda::CUDAStream stream) {
@@ -437,7 +452,7 @@ void TorchmemCudaAllocatorImpl::attachOutOfMemoryObserver(cca::OutOfMemoryObserv
   oom_observers_.push_back(std::move(observer));
 }
 
-void TorchmemCudaAllocatorImpl::AttachOomRejectionObserver(cca::OomRejectionObserver observer) {
+void TorchmemCudaAllocatorImpl::AttachOomRejectionObserver(OomRejectionObserver observer) {
   // torchmem never rejects an allocation before asking the device
   // (throw_on_cudamalloc_oom is not implemented): kept, never called.
   std::lock_guard<std::mutex> lock(mutex_);
@@ -496,7 +511,7 @@ void TorchmemCudaAllocatorImpl::SetUseOnOom(c10::DeviceIndex device, c10::Mempoo
   CheckPoolStatus(EngineOf(device).SetPoolUseOnOom(ToPoolId(pool), use_on_oom));
 }
 
-void TorchmemCudaAllocatorImpl::setNoSplit(c10::DeviceIndex device,
+void TorchmemCudaAllocatorImpl::SetNoSplit(c10::DeviceIndex device,
                                            c10::MempoolId_t mempool_id) {
   CheckPoolStatus(EngineOf(device).SetPoolNoSplit(ToPoolId(mempool_id)));
 }

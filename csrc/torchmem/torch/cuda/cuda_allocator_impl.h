@@ -63,8 +63,9 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   // --- memory queries --------------------------------------------------------
   void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override;
   void* getBaseAllocation(void* ptr, size_t* size) override;
-  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(
-      c10::DeviceIndex device) override;
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)
+  std::vector<cca::StreamSegmentSize> ExpandableSegmentSizes(c10::DeviceIndex device) override;
+#endif
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
   void EmptyCacheOf(c10::MempoolId_t pool) override;
   cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
@@ -80,7 +81,7 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
                      cca::RecordContext when, bool clear,
                      const std::vector<std::string>& skip_actions) override;
   bool isHistoryEnabled() override;
-  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override;
+  std::shared_ptr<c10::GatheredContext> ContextForPointer(const void* ptr) override;
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override;
   void SetTraceMetadata(const std::string& metadata) override;
@@ -91,7 +92,7 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
 
   // --- out of memory --------------------------------------------------------
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
-  void AttachOomRejectionObserver(cca::OomRejectionObserver observer) override;
+  void AttachOomRejectionObserver(OomRejectionObserver observer) override;
 
   // --- private pools, CUDA graphs --------------------------------------------
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
@@ -102,7 +103,7 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   void CreateOrIncrefPoolOf(c10::DeviceIndex device, c10::MempoolId_t pool,
                             bool has_own_allocator) override;
   void SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override;
-  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void SetNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                 const std::unordered_set<void*>& expected_live_allocations) override;
   void MarkCapture(c10::DeviceIndex device, bool begins) override;
@@ -146,7 +147,7 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   };
   FractionSetting fractions_[kMaxCudaDevices];
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
-  std::vector<cca::OomRejectionObserver> oom_rejection_observers_;
+  std::vector<OomRejectionObserver> oom_rejection_observers_;
   std::vector<cca::AllocatorTraceTracker> trace_trackers_;
   // History (recordHistory): what PyTorch asked for.
   bool history_enabled_ = false;
@@ -154,7 +155,7 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   std::size_t history_max_entries_ = 0;
   std::uint32_t history_skip_mask_ = 0;
   bool capture_requested_ = false;  // our RequestContextCapture() is in effect
-  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
+  std::vector<TorchAnnotationEntry> annotations_;
 };
 
 TorchmemCudaAllocatorImpl& AllocatorImpl();

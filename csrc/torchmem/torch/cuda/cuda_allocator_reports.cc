@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/ApproximateClock.h>
@@ -68,7 +69,11 @@ cca::TraceEntry::Action ToTorch(TraceAction action) {
     case TraceAction::kSnapshot:
       return cca::TraceEntry::SNAPSHOT;
     case TraceAction::kAnnotate:
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 14)
       return cca::TraceEntry::ANNOTATE;
+#else
+      break;  // annotateMemory (and ANNOTATE) arrived in torch 2.14: none made
+#endif
   }
   return cca::TraceEntry::SNAPSHOT;
 }
@@ -77,14 +82,19 @@ cca::TraceEntry::Action ToTorch(TraceAction action) {
 // snapshots carry), with its stack if `context` is given.
 cca::TraceEntry ToTorch(const TraceEntry& entry, int device,
                         std::shared_ptr<c10::GatheredContext> context) {
+  // PyTorch's text for "no compile context".
+  std::string compile_context = entry.compile_context != kNoTraceLabel
+                                    ? TraceLabelText(entry.compile_context)
+                                    : std::string("N/A");
   cca::TraceEntry out(ToTorch(entry.action), static_cast<c10::DeviceIndex>(device),
-                      entry.address, entry.size, reinterpret_cast<void*>(entry.stream),
+                      entry.address, entry.size, reinterpret_cast<TorchTraceStream>(entry.stream),
                       ToMempoolId(entry.pool), /*time=*/0, std::move(context),
-                      // PyTorch's text for "no compile context".
-                      entry.compile_context != kNoTraceLabel
-                          ? TraceLabelText(entry.compile_context)
-                          : std::string("N/A"),
-                      TraceLabelText(entry.user_metadata));
+                      std::move(compile_context)
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // user metadata arrived in 2.10
+                          ,
+                      TraceLabelText(entry.user_metadata)
+#endif
+  );
   out.time_.t_ = static_cast<time_t>(entry.time_us);
   return out;
 }
@@ -98,9 +108,11 @@ cca::SegmentInfo ToTorch(const SegmentInfo& segment, int device, c10::MempoolId_
                          ContextCache& contexts, bool with_contexts) {
   cca::SegmentInfo out;
   out.device = static_cast<c10::DeviceIndex>(device);
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 11)  // registration counters arrived in 2.11
   out.registration_counter = static_cast<int32_t>(segment.registration);
+#endif
   out.address = segment.address;
-  out.stream = reinterpret_cast<void*>(segment.stream);
+  out.stream = reinterpret_cast<decltype(out.stream)>(segment.stream);
   out.is_large = segment.pool == PoolKind::kLarge;
   out.is_expandable = segment.vmm;
   // As PyTorch: a snapshot of one pool names it; a full snapshot names each.
@@ -157,9 +169,11 @@ DeviceStats TorchmemCudaAllocatorImpl::getDeviceStats(c10::DeviceIndex device) {
   out.active_bytes = ToTorch(stats.active_bytes);
   out.inactive_split_bytes = ToTorch(stats.inactive_split_bytes);
   out.requested_bytes = ToTorch(stats.requested_bytes);
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 13)  // per-pool reserved bytes arrived in 2.13
   for (const auto& [pool, array] : stats.reserved_bytes_by_private_pools) {
     out.reserved_bytes_by_private_pools[{pool.first, pool.second}] = ToTorch(array);
   }
+#endif
   out.num_alloc_retries = stats.num_alloc_retries;
   out.num_ooms = stats.num_ooms;
   out.oversize_allocations = ToTorch(stats.oversize_allocations);
@@ -167,7 +181,9 @@ DeviceStats TorchmemCudaAllocatorImpl::getDeviceStats(c10::DeviceIndex device) {
   out.num_sync_all_streams = stats.num_sync_all_streams;
   out.num_device_alloc = stats.num_device_alloc;
   out.num_device_free = stats.num_device_free;
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 12)  // arrived with the OOM-rejection observers
   out.num_oom_rejections = stats.num_oom_rejections;
+#endif
   out.max_split_size = stats.max_split_size;
   return out;
 }
@@ -187,7 +203,7 @@ void TorchmemCudaAllocatorImpl::resetPeakStats(c10::DeviceIndex device) {
 cca::SnapshotInfo TorchmemCudaAllocatorImpl::TakeSnapshot(c10::MempoolId_t pool,
                                                           bool include_traces) {
   cca::RecordContext when;
-  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations;
+  std::vector<TorchAnnotationEntry> annotations;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     when = history_when_;
@@ -231,12 +247,14 @@ cca::SnapshotInfo TorchmemCudaAllocatorImpl::TakeSnapshot(c10::MempoolId_t pool,
       CUDAAllocatorConfig::graph_capture_record_stream_reuse();
   config.last_allocator_settings = AcceleratorAllocatorConfig::last_allocator_settings();
   config.roundup_power2_divisions = AcceleratorAllocatorConfig::roundup_power2_divisions();
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 13)  // the pinned-memory cache's knobs arrived in 2.13
   config.max_round_threshold = AcceleratorAllocatorConfig::pinned_max_round_threshold();
   config.max_cached_size = AcceleratorAllocatorConfig::pinned_max_cached_size();
+#endif
   return result;
 }
 
-std::shared_ptr<c10::GatheredContext> TorchmemCudaAllocatorImpl::getContextForPointer(
+std::shared_ptr<c10::GatheredContext> TorchmemCudaAllocatorImpl::ContextForPointer(
     const void* ptr) {
   for (const auto& [device, engine] : CudaEngines()) {
     absl::StatusOr<BlockInfo> block = engine->GetBlock(ptr);
@@ -312,7 +330,7 @@ void TorchmemCudaAllocatorImpl::recordAnnotation(
   if (!history_enabled_) return;
   c10::DeviceIndex device = 0;
   (void)c10::cuda::GetDevice(&device);
-  c10::CachingDeviceAllocator::AnnotationEntry entry(device, /*time=*/0);
+  TorchAnnotationEntry entry(device, /*time=*/0);
   entry.time_.t_ = static_cast<time_t>(TraceNowMicros());
   for (const auto& [name, value] : md) entry.recordUserMetadata(name, value);
   annotations_.push_back(std::move(entry));

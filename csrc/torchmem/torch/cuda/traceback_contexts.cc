@@ -9,6 +9,7 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include "torchmem/core/context_capture.h"
+#include "torchmem/torch/torch_version.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -39,7 +40,9 @@ std::string Utf8(PyObject* text) {
 
 class TorchmemUnwinder final : public torch::CapturedTraceback::Python {
  public:
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 11)  // asked before gather() since 2.11
   bool canGather() override { return t_handover != nullptr; }
+#endif
 
   std::vector<PyFrame> gather() override {
     std::vector<PyFrame> frames;
