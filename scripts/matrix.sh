@@ -247,6 +247,10 @@ fi
 
 # --- torchmem, from a copy of the checkout ----------------------------------------
 log "copying the checkout to $CELL/src and building torchmem._C against torch $TORCH"
+# A fresh copy: files of an earlier copy that the checkout no longer has (another branch's
+# tests, sources CMake would glob) must not be built or run. The build directory is
+# outside src/, and tar keeps the files' times, so unchanged sources are not recompiled.
+rm -rf "$CELL/src"
 mkdir -p "$CELL/src"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z |
   tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$CELL/src"
