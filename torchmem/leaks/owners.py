@@ -351,6 +351,30 @@ def _only_this_pass_holds(candidate) -> bool:
     return sys.getrefcount(candidate) <= _PASS_REFERENCES
 
 
+def _sweep_referrers(frontier: dict[int, object], ignore: set) -> list:
+    """The tracked objects that refer to the frontier's objects, found by one sweep over
+    the heap with a set lookup (cheaper than ``gc.get_referrers`` for many targets). The
+    list of every object is made here and dropped at once (kept on the search, it would
+    hold the search and form a cycle)."""
+    wanted = frontier.keys()
+    get_referents = gc.get_referents
+    objects = gc.get_objects()
+    ignore.add(id(objects))
+    candidates = []
+    for obj in objects:
+        if not wanted.isdisjoint(map(id, get_referents(obj))):
+            candidates.append(obj)
+    del objects
+    return candidates
+
+
+# On Python 3.13, pybind11 before 3.0.4 (torch 2.9 to 2.12 are built with 3.0.1) ignores
+# what PyObject_VisitManagedDict returns in its objects' tp_traverse, so gc.get_referrers
+# never names such an object as the referrer of its own __dict__ (a TorchScript module's
+# ScriptMethod); gc.get_referents, which the sweep reads, is unaffected.
+_GET_REFERRERS_MISSES_MANAGED_DICTS = sys.version_info >= (3, 13)
+
+
 class _UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
@@ -527,30 +551,53 @@ class _UpwardSearch:
         those made during the check while it is frozen)."""
         targets = list(frontier.values())
         ignore = self.ignore | {id(frontier), id(targets)}
-        if len(targets) <= _SMALL_FRONTIER:
-            candidates = gc.get_referrers(*targets)
-        else:
-            # One sweep with a set lookup; the list of every object is made here and dropped
-            # at once (kept on the search, it would hold the search and form a cycle).
-            wanted = frontier.keys()
-            get_referents = gc.get_referents
-            objects = gc.get_objects()
-            ignore.add(id(objects))
-            candidates = []
-            for obj in objects:
-                if not wanted.isdisjoint(map(id, get_referents(obj))):
-                    candidates.append(obj)
-            del objects
         by_child: dict[int, list] = defaultdict(list)
         references: dict[int, int] = defaultdict(int)  # from every candidate, the search's own included
+        if len(targets) <= _SMALL_FRONTIER:
+            counted = self._count_references(gc.get_referrers(*targets), frontier, ignore, by_child, references)
+            if _GET_REFERRERS_MISSES_MANAGED_DICTS:
+                # A dict nothing was found to refer to, though something does: perhaps the
+                # __dict__ of a pybind11 object that get_referrers cannot see. A sweep
+                # (which reads get_referents, unaffected) looks for those only; referrers
+                # already counted, and the sweep's own dict, are skipped.
+                stray: dict[int, object] = {}
+                for node in frontier:  # no loop variable holds the object: the counts stay exact
+                    if type(frontier[node]) is dict and not by_child.get(node) \
+                            and sys.getrefcount(frontier[node]) - 1 > references.get(node, 0):
+                        stray[node] = frontier[node]
+                if stray:
+                    counted.add(id(stray))
+                    ignore.add(id(stray))
+                    self._count_references(_sweep_referrers(stray, ignore), stray, ignore, by_child, references,
+                                           skip=counted)
+                stray = None
+        else:
+            self._count_references(_sweep_referrers(frontier, ignore), frontier, ignore, by_child, references)
+        del targets
+        self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
+        return by_child
+
+    def _count_references(self, candidates: list, frontier: dict[int, object], ignore: set, by_child: dict,
+                          references: dict, skip: set | frozenset = frozenset()) -> set[int]:
+        """Adds the references from ``candidates`` (except ids in ``skip``) to the frontier's
+        objects: all to ``references``, those from objects that are not the search's own
+        to ``by_child``. Returns the ids of the candidates counted."""
+        counted: set[int] = set()
         for parent in candidates:
             parent_id = id(parent)
-            own = parent_id in ignore or _only_this_pass_holds(parent) or (
+            if parent_id in skip:
+                continue
+            counted.add(parent_id)
+            # The argument tuple of this very pass is gone by the time references are
+            # compared with reference counts: not counted (a reference the search holds on
+            # to, the frontier dict for one, is).
+            transient = _only_this_pass_holds(parent)
+            own = transient or parent_id in ignore or (
                 isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename))
             for child in gc.get_referents(parent):
                 child_id = id(child)
                 if child_id in frontier:
-                    references[child_id] += 1
+                    references[child_id] += 0 if transient else 1
                     if not own:
                         if len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
                             by_child[child_id].append(parent)
@@ -558,9 +605,7 @@ class _UpwardSearch:
                             self.stopped_early = True  # a referrer was dropped
             child = None
         parent = candidates = None
-        del targets
-        self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
-        return by_child
+        return counted
 
     def _note_hidden_references(self, frontier: dict[int, object], references: dict[int, int], into: set) -> None:
         """Objects whose reference count is higher than the references the pass found. While
