@@ -1,4 +1,8 @@
-"""Builds torchmem._C with CMake (the build of record) and packages it.
+"""Builds torchmem's extension modules with CMake (the build of record) and packages them.
+
+One extension is declared (torchmem._C); its CMake build also writes
+torchmem/lib/libtorchmem.so (the engine both modules share) and, for a CUDA
+build of torch, torchmem._C_cuda next to it.
 
     pip install --no-build-isolation -e .    # editable: _C lands in ./torchmem
     pip install --no-build-isolation .       # regular install
@@ -9,6 +13,7 @@ TORCHMEM_CMAKE_ARGS (extra -D options), MAX_JOBS (2).
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +45,22 @@ class CMakeBuild(build_ext):
         ]
         subprocess.check_call(configure)
         jobs = os.environ.get("MAX_JOBS", "2")
-        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs])
+        subprocess.check_call(
+            ["cmake", "--build", str(build_dir), "--target", "torchmem_python_modules", "-j", jobs]
+        )
+        self._module_dir = output
+
+    def copy_extensions_to_source(self) -> None:
+        """In-place builds: setuptools copies the declared extension; copy its companions too."""
+        super().copy_extensions_to_source()
+        built = getattr(self, "_module_dir", None)
+        if built is None:
+            return
+        package = ROOT / "torchmem"
+        for companion in [*built.glob("_C_cuda*.so"), *built.glob("lib/*.so")]:
+            target = package / companion.relative_to(built)
+            target.parent.mkdir(exist_ok=True)
+            shutil.copy2(companion, target)
 
 
 setup(ext_modules=[CMakeExtension("torchmem._C")], cmdclass={"build_ext": CMakeBuild})

@@ -24,9 +24,9 @@ allocation (c10 asks no allocator for 0 bytes' memory); "over floor" columns sub
 to show what the allocator itself costs.
 
 Run (torchmem's extension must be built into torchmem/_C*.so):
-    PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py
-    PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py --rounds 7 --json out.json
-    PYTHONPATH=/work/main python3 benchmarks/cpu_tensor_benchmark.py --mode processes
+    PYTHONPATH=$PWD python3 benchmarks/cpu_tensor_benchmark.py
+    PYTHONPATH=$PWD python3 benchmarks/cpu_tensor_benchmark.py --rounds 7 --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/cpu_tensor_benchmark.py --mode processes
 It measures and prints; it asserts nothing about time.
 """
 

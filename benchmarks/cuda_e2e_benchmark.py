@@ -17,10 +17,13 @@ Variants, one process each (PyTorch lets a process swap its CUDA allocator only 
 before CUDA is initialized):
 
 * ``native``: PyTorch's CUDACachingAllocator (the baseline);
-* ``torchmem``: ``torchmem.install()`` (CUDAPluggableAllocator over torchmem's engine);
+* ``torchmem``: ``torchmem.install()`` (torchmem's complete CUDAAllocator, installed with
+  ``change_current_allocator(torchmem.cuda_allocator())``);
 * ``torchmem_tag``: the same, every allocation inside ``torchmem.tag("bench")``;
 * ``torchmem_leak_check``: the same, inside ``torchmem.leak_check()``, which opens a
   leak scope and turns on Python stack capture (every allocation records its stack);
+* ``torchmem_pluggable`` (optional, ``--variants``): the reduced route, a
+  ``CUDAPluggableAllocator`` over torchmem's exported C entry points;
 * ``native_history`` (optional, ``--variants``): the native allocator with
   ``torch.cuda.memory._record_memory_history(stacks="python")``, PyTorch's own way to
   record allocation stacks, for comparison with ``torchmem_leak_check``.
@@ -49,8 +52,8 @@ or torch.cuda.memory_stats for native) and that capture was on inside the leak c
 Run (torchmem's extension must be built with CUDA into torchmem/_C*.so, and the
 simulated device built: ``cmake -S tests/simcuda -B build/simcuda && cmake --build
 build/simcuda -j2``; ``$TORCHMEM_SIMCUDA_DIR`` picks a build):
-    PYTHONPATH=/work/main python3 benchmarks/cuda_e2e_benchmark.py
-    PYTHONPATH=/work/main python3 benchmarks/cuda_e2e_benchmark.py --rounds 7 --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/cuda_e2e_benchmark.py
+    PYTHONPATH=$PWD python3 benchmarks/cuda_e2e_benchmark.py --rounds 7 --json out.json
 It measures and prints; it asserts nothing about time.
 """
 
@@ -68,7 +71,8 @@ from pathlib import Path
 from bench_util import at_depth, format_bytes, frames_here, parse_size
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check", "native_history")
+VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check", "torchmem_pluggable",
+            "native_history")
 DEFAULT_VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check")
 BASELINE = "native"
 DEFAULT_SIZES = [4 << 10, 1 << 20, 16 << 20]
@@ -197,7 +201,12 @@ def worker(variant: str, cases: list[str], batch_seconds: float, batches: int, c
     if variant.startswith("torchmem"):
         import torchmem
 
-        torchmem.install()  # before anything initializes CUDA
+        if variant == "torchmem_pluggable":
+            from torchmem.runtime import cuda as torchmem_cuda
+
+            torchmem_cuda.install_pluggable_allocator()  # before anything initializes CUDA
+        else:
+            torchmem.install()  # before anything initializes CUDA
     torch.cuda.init()
     torch.empty(1, device="cuda")  # CUDA context, streams, first segment
     if variant == "native_history":

@@ -27,9 +27,9 @@ same allocator, same cache state. Time is the thread's CPU time by default
 disturb much less.
 
 Run (torchmem's extension must be built into torchmem/_C*.so):
-    PYTHONPATH=/work/main python3 benchmarks/stack_capture_overhead.py
-    PYTHONPATH=/work/main python3 benchmarks/stack_capture_overhead.py --rounds 31 --depths 0 50 200
-    PYTHONPATH=/work/main python3 benchmarks/stack_capture_overhead.py --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/stack_capture_overhead.py
+    PYTHONPATH=$PWD python3 benchmarks/stack_capture_overhead.py --rounds 31 --depths 0 50 200
+    PYTHONPATH=$PWD python3 benchmarks/stack_capture_overhead.py --json out.json
 It measures and prints; it asserts nothing about time.
 """
 

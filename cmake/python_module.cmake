@@ -1,15 +1,16 @@
-# The Python extension module torchmem._C and the torch glue it contains.
+# The torch glue for CPU tensors, the shared library holding the one engine
+# both extension modules use, and the Python extension module torchmem._C.
 #
 # LibTorch comes from the installed torch wheel (no find_package(Torch): its
 # config drags in CUDA/cuDNN detection we do not need). We compile against
-# its headers with its C++ ABI and link only libc10 (CPU allocator registry,
-# ThreadLocalDebugInfo). The CUDA glue needs c10/cuda headers for type checks
-# only and talks to the CUDA runtime directly.
+# its headers with its C++ ABI. libtorchmem.so and _C link only libc10 (CPU
+# allocator registry, ThreadLocalDebugInfo), so they load with a CPU-only
+# torch; everything CUDA lives in torchmem._C_cuda (cmake/cuda_module.cmake).
 find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
 
 execute_process(
   COMMAND ${Python3_EXECUTABLE} -c
-    "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+    "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(int(torch.version.cuda is not None))"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE _torch_result)
 if(NOT _torch_result EQUAL 0)
@@ -18,6 +19,7 @@ endif()
 string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 TORCH_PACKAGE_DIR)
 list(GET _torch_info 1 TORCH_CXX11_ABI)
+list(GET _torch_info 2 TORCH_HAS_CUDA)
 
 execute_process(
   COMMAND ${Python3_EXECUTABLE} -m pybind11 --cmakedir
@@ -39,34 +41,32 @@ target_link_libraries(torchmem_torch INTERFACE ${TORCH_PACKAGE_DIR}/lib/libc10.s
 # that use torch's headers without the engine.
 target_compile_definitions(torchmem_core PUBLIC _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 
-set(TORCHMEM_GLUE_SOURCES
+add_library(torchmem_torch_glue STATIC
   csrc/torchmem/torch/attribution_propagation.cc
   csrc/torchmem/torch/cpu_allocator.cc
 )
-if(TARGET torchmem_cuda_backend)
-  list(APPEND TORCHMEM_GLUE_SOURCES csrc/torchmem/torch/cuda_allocator.cc)
-endif()
-add_library(torchmem_torch_glue STATIC ${TORCHMEM_GLUE_SOURCES})
 target_link_libraries(torchmem_torch_glue PUBLIC torchmem_backends torchmem_torch)
-if(TARGET torchmem_cuda_backend)
-  target_link_libraries(torchmem_torch_glue PUBLIC torchmem_cuda_backend)
-  target_compile_definitions(torchmem_torch_glue PUBLIC TORCHMEM_WITH_CUDA=1)
-endif()
+
+include(cmake/shared_library.cmake)
 
 # The *.c files are the per-version CPython frame walkers (frame_walk.h).
 file(GLOB TORCHMEM_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.cc
      ${PROJECT_SOURCE_DIR}/csrc/torchmem/python/*.c)
 pybind11_add_module(_C MODULE ${TORCHMEM_PYTHON_SOURCES})
-target_link_libraries(_C PRIVATE torchmem_torch_glue)
+target_link_libraries(_C PRIVATE torchmem_shared torchmem_torch)
 if(TARGET torchmem_cuda_backend)  # recorded in _C.build_info (build_info.cc)
   target_compile_definitions(_C PRIVATE
     TORCHMEM_BUILT_CUDA_VERSION="${CUDAToolkit_VERSION_MAJOR}.${CUDAToolkit_VERSION_MINOR}")
 endif()
 # CPython's internal frame layout (pycore_frame.h) for GIL-free stack capture.
 target_include_directories(_C PRIVATE ${Python3_INCLUDE_DIRS}/internal)
-# torch's libraries are loaded by `import torch` before torchmem._C; the
-# rpath only helps tools that load the module on its own.
+# libtorchmem.so sits in lib/ next to the module. torch's libraries are
+# loaded by `import torch` before torchmem._C; their rpath only helps tools
+# that load the module on its own.
 set_target_properties(_C PROPERTIES
-  BUILD_RPATH "${TORCH_PACKAGE_DIR}/lib"
-  INSTALL_RPATH "${TORCH_PACKAGE_DIR}/lib"
+  BUILD_RPATH "\$ORIGIN/lib;${TORCH_PACKAGE_DIR}/lib"
+  INSTALL_RPATH "\$ORIGIN/lib;${TORCH_PACKAGE_DIR}/lib"
   LIBRARY_OUTPUT_DIRECTORY ${TORCHMEM_PYTHON_OUTPUT_DIR})
+
+# What setup.py builds: every module of the package for this torch.
+add_custom_target(torchmem_python_modules ALL DEPENDS _C torchmem_shared)

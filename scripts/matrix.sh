@@ -165,33 +165,55 @@ grep -v -E '^\s*(#|$|torch==)' "$ROOT/requirements.txt" > "$CELL/requirements.tx
 # Without --no-deps, pip would also install torch's NVIDIA pins (torchmetrics
 # requires torch, and pip completes an installed requirement's dependencies):
 # through the site-packages/nvidia symlink that would overwrite the shared set
-# with this torch's versions. So: the requirements without their
-# dependencies, then their dependencies, torch excepted.
+# with this torch's versions. A requirement's dependency may itself require
+# torch (lightning -> pytorch-lightning -> torch), so every level goes in with
+# --no-deps: the requirements, then, until nothing is missing, whatever the
+# installed ones require and the environment lacks, torch excepted.
 if ! cmp -s "$CELL/requirements.txt" "$VENV/.requirements"; then
   index_pip "$VENV/bin/python" -m pip install -q --no-deps -r "$CELL/requirements.txt" 2>&1 | quiet_pip
-  "$VENV/bin/python" - "$CELL/requirements.txt" > "$CELL/requirements-deps.txt" <<'PY'
+  for _level in 1 2 3 4 5 6 7 8; do
+    "$VENV/bin/python" - "$CELL/requirements.txt" > "$CELL/requirements-deps.txt" <<'PY'
 import importlib.metadata as metadata
 import sys
 from pip._vendor.packaging.requirements import Requirement
 
-wanted = []
+def installed(requirement):
+    try:
+        version = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        return False
+    return not requirement.specifier or requirement.specifier.contains(version, prereleases=True)
+
+def wanted(requirement, extras=()):
+    marker = requirement.marker
+    return marker is None or any(marker.evaluate({"extra": extra}) for extra in (*extras, ""))
+
+missing, seen = set(), set()
+todo = []
 for line in open(sys.argv[1]):
     line = line.split("#")[0].strip()
-    if not line:
+    if line:
+        todo.append(Requirement(line))
+while todo:
+    requirement = todo.pop()
+    if requirement.name.lower() == "torch" or not wanted(requirement):
         continue
-    requirement = Requirement(line)
-    if requirement.marker is not None and not requirement.marker.evaluate():
+    if not installed(requirement):
+        missing.add(str(requirement).split(";")[0])
         continue
+    key = (requirement.name.lower(), tuple(sorted(requirement.extras)))
+    if key in seen:
+        continue
+    seen.add(key)
     for dependency in metadata.requires(requirement.name) or []:
         dep = Requirement(dependency)
-        if dep.marker is not None and not dep.marker.evaluate({"extra": ""}):
-            continue
-        if dep.name.lower() != "torch":
-            wanted.append(str(dep).split(";")[0])
-print("\n".join(sorted(set(wanted))))
+        if wanted(dep, requirement.extras):
+            todo.append(dep)
+print("\n".join(sorted(missing)))
 PY
-  [[ -s $CELL/requirements-deps.txt ]] &&
-    index_pip "$VENV/bin/python" -m pip install -q -r "$CELL/requirements-deps.txt" 2>&1 | quiet_pip
+    [[ -s $CELL/requirements-deps.txt ]] || break
+    index_pip "$VENV/bin/python" -m pip install -q --no-deps -r "$CELL/requirements-deps.txt" 2>&1 | quiet_pip
+  done
   if ls -d "$VENV"/lib/python*/site-packages/nvidia_* > /dev/null 2>&1; then
     die "pip installed NVIDIA packages into $VENV (through the shared set): a requirement depends on torch"
   fi

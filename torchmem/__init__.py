@@ -3,6 +3,7 @@
     import torchmem
     torchmem.install()                  # CUDA tensors now come from torchmem (before CUDA init)
     torchmem.install("cpu")             # CPU tensors too
+    # or: torch.cuda.memory.change_current_allocator(torchmem.cuda_allocator())
 
     with torchmem.tag("metrics"):       # per-tag accounting
         metric.update(preds, target)
@@ -40,6 +41,7 @@ _EXPORTS = {
     "install": "torchmem.runtime.install",
     "uninstall": "torchmem.runtime.install",
     "is_installed": "torchmem.runtime.install",
+    "cuda_allocator": "torchmem.runtime.cuda",
     # attribution
     "tag": "torchmem.runtime.tags",
     "current_tag": "torchmem.runtime.tags",

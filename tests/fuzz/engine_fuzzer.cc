@@ -13,7 +13,12 @@
 //   the device's capacity; arming and clearing faults of any backend call
 //   (once, N times, after K successes, always, at random) with any code;
 //   forbidding new segments; trace capacity; reading every report (stats,
-//   fragmentation, tag usage, segments, blocks, trace) and resetting peaks.
+//   fragmentation, tag usage, segments, blocks, trace) and resetting peaks;
+//   private pools (create, route allocations of one stream or all to them,
+//   end routes, release, no-split, use-on-OOM, empty_cache(pool), live
+//   allocation checks), CUDA graph captures (mark begin/end), checkpoints of
+//   a pool taken and restored, and the PYTORCH_CUDA_ALLOC_CONF knobs
+//   (max_split_size, roundup_power2_divisions, garbage collection).
 //
 // Checked after every operation (any violation aborts, which libFuzzer
 // reports as a crash with the input that caused it):
@@ -25,7 +30,13 @@
 //     really in the way (or a fault was injected); any other error only when
 //     a fault was injected during the operation (and then it names the call
 //     and the device) or new segments are forbidden;
-//   - reports agree with the stats and the model.
+//   - reports agree with the stats and the model;
+//   - every block belongs to the pool the model routed it to (a private
+//     pool's blocks never serve allocations outside it); pool use counts
+//     follow the model;
+//   - while a capture is underway (or a route is open) no event is
+//     recorded, queried or synchronized, and no default-pool segment is
+//     released.
 // At the end of each input the faults stop, everything is freed and
 // empty_cache must return every byte to the backend.
 //
@@ -41,9 +52,11 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -125,8 +138,14 @@ enum Op : std::uint8_t {
   kForbid,
   kTraceCapacity,
   kReport,
+  kPool,
+  kCapture,
+  kCheckpoint,
+  kConfig,
   kNumOps,
 };
+
+constexpr PoolId kPools[] = {{1, 0}, {2, 0}, {0, 3}};
 
 // Reads little-endian integers from the input; zeros once it is exhausted.
 class Reader {
@@ -159,6 +178,21 @@ struct LiveBlock {
   StreamId stream;
   TagId tag;
   ScopeId scope;
+  PoolId pool;  // the private pool it was routed to; default: {0, 0}
+};
+
+// The fuzzer's model of a private pool.
+struct ModelPool {
+  int use_count = 0;
+  bool exists = false;    // created and not yet deleted by the engine
+  bool freeable = false;  // all users released it
+  bool no_split = false;
+};
+
+struct ModelRoute {
+  PoolId pool;
+  bool all_streams;
+  StreamId stream;
 };
 
 class Fuzzer {
@@ -228,9 +262,22 @@ class Fuzzer {
         case kReport:
           DoReport();
           break;
+        case kPool:
+          DoPool(before);
+          break;
+        case kCapture:
+          DoCapture();
+          break;
+        case kCheckpoint:
+          DoCheckpoint();
+          break;
+        case kConfig:
+          DoConfig();
+          break;
         case kNumOps:
           break;
       }
+      CheckCaptureRules(before);
       CheckPool();
       ++op_index_;
     }
@@ -241,10 +288,58 @@ class Fuzzer {
   struct Before {
     std::int64_t failures;
     std::int64_t reserved;
+    int event_calls;
+    bool capture_underway;
+    std::vector<std::uintptr_t> default_segments;  // only while a capture is underway
   };
 
   Before Snapshot() const {
-    return Before{faults_->total_failures(), engine_->GetStats().reserved_bytes.all().current};
+    Before before{faults_->total_failures(), engine_->GetStats().reserved_bytes.all().current,
+                  EventCalls(), CaptureUnderway(), {}};
+    if (before.capture_underway) before.default_segments = DefaultSegments();
+    return before;
+  }
+  std::vector<std::uintptr_t> DefaultSegments() const {
+    std::vector<std::uintptr_t> addresses;
+    for (const SegmentInfo& segment : engine_->GetSegments()) {
+      if (segment.owner.IsDefault()) addresses.push_back(segment.address);
+    }
+    return addresses;
+  }
+  int EventCalls() const {
+    return faults_->calls(BackendCall::kRecordEvent) + faults_->calls(BackendCall::kQueryEvent) +
+           faults_->calls(BackendCall::kSynchronizeEvent);
+  }
+  bool CaptureUnderway() const { return marked_captures_ > 0 || !routes_.empty(); }
+
+  // The pool the engine must route an allocation on `stream` to.
+  PoolId RouteFor(StreamId stream) const {
+    for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
+      if (it->all_streams || it->stream == stream) return it->pool;
+    }
+    return kDefaultPool;
+  }
+  ModelPool& PoolModel(PoolId id) {
+    for (std::size_t i = 0; i < std::size(kPools); ++i) {
+      if (kPools[i] == id) return pools_[i];
+    }
+    std::abort();
+  }
+  // Learns which released pools the engine deleted (they held no segment).
+  void SyncDeletedPools() {
+    for (std::size_t i = 0; i < std::size(kPools); ++i) {
+      ModelPool& pool = pools_[i];
+      if (!pool.exists) continue;
+      const absl::StatusOr<int> count = engine_->PoolUseCount(kPools[i]);
+      if (!count.ok()) {
+        FUZZ_CHECK(pool.freeable && absl::IsNotFound(count.status()),
+                   "pool ", i, " vanished while it had users: ", count.status().ToString());
+        pool = ModelPool{};
+        continue;
+      }
+      FUZZ_CHECK(*count == pool.use_count, "pool ", i, " counts ", *count, " users, the model ",
+                 pool.use_count);
+    }
   }
   bool InjectedSince(const Before& before) const {
     return faults_->total_failures() != before.failures;
@@ -307,6 +402,7 @@ class Fuzzer {
       return;
     }
     const SizePolicy& policy = engine_->policy();
+    const PoolId expected_pool = RouteFor(stream);
     if (!ptr.ok()) {
       const absl::Status& status = ptr.status();
       if (absl::IsResourceExhausted(status)) {
@@ -338,7 +434,26 @@ class Fuzzer {
     FUZZ_CHECK(block->size >= rounded && block->requested_size == size &&
                    block->state == BlockState::kAllocated && block->stream == stream,
                "block metadata");
-    FUZZ_CHECK(block->size <= rounded + policy.small_size, "a block is at most one sliver larger");
+    const absl::StatusOr<SegmentInfo> segment = engine_->SegmentContaining(*ptr);
+    FUZZ_CHECK(segment.ok(), "a new block lies in a segment");
+    // A default-pool allocation may borrow a use-on-OOM pool's block; any
+    // other must come from exactly the pool it was routed to.
+    const bool lent = expected_pool.IsDefault() && !segment->owner.IsDefault() &&
+                      PoolModel(segment->owner).exists;
+    FUZZ_CHECK(segment->owner == expected_pool || lent, "an allocation routed to pool (",
+               expected_pool.first, ", ", expected_pool.second, ") got a block of pool (",
+               segment->owner.first, ", ", segment->owner.second, ")");
+    const bool whole = !segment->owner.IsDefault() && PoolModel(segment->owner).no_split;
+    // An oversize block is never split: it may exceed the request by the
+    // rounding of its dedicated segment, or (from the cache) by less than
+    // max_non_split_rounding.
+    const std::size_t slack =
+        policy.IsOversize(block->size)
+            ? std::max({policy.max_non_split_rounding, policy.large_rounding, policy.small_size})
+            : policy.small_size;
+    FUZZ_CHECK(whole || block->size <= rounded + slack, "a block is at most one sliver larger: ",
+               block->size, " for ", size, " rounded ", rounded, " slack ", slack, " max_split ",
+               policy.max_split_size);
     FUZZ_CHECK(!live_.contains(address), "a live address is handed out twice");
     auto next = live_.lower_bound(address);
     FUZZ_CHECK(next == live_.end() || next->first >= address + block->size,
@@ -359,7 +474,7 @@ class Fuzzer {
     const TagId tag = tag_stack_.empty() ? kNoTag : tag_stack_.back();
     const ScopeId scope = scope_stack_.empty() ? kNoScope : scope_stack_.back();
     FUZZ_CHECK(block->tag == tag && block->scope == scope, "attribution stamped on the block");
-    live_[address] = LiveBlock{size, block->size, stream, tag, scope};
+    live_[address] = LiveBlock{size, block->size, stream, tag, scope, segment->owner};
     freed_.push_back(address);  // a later "double free" candidate
   }
 
@@ -700,6 +815,197 @@ class Fuzzer {
     }
   }
 
+  PoolId RandomPool() { return kPools[in_.U8() % std::size(kPools)]; }
+
+  void DoPool(const Before& before) {
+    const PoolId id = RandomPool();
+    ModelPool& pool = PoolModel(id);
+    switch (in_.U8() % 8) {
+      case 0: {  // MemPool(): create, or one more user
+        const absl::Status status = engine_->CreateOrIncrefPool(id);
+        if (pool.freeable) {
+          FUZZ_CHECK(absl::IsFailedPrecondition(status), "a released pool is not revived");
+          break;
+        }
+        FUZZ_CHECK(status.ok(), "CreateOrIncrefPool: ", status.ToString());
+        pool.exists = true;
+        ++pool.use_count;
+        break;
+      }
+      case 1: {  // a capture or use_mem_pool: route one stream, or all, to it
+        const bool all = in_.U8() % 2 == 0;
+        const StreamId stream = RandomStream();
+        const bool routed = std::any_of(routes_.begin(), routes_.end(),
+                                        [&](const ModelRoute& r) { return r.pool == id; });
+        const absl::Status status = engine_->BeginAllocateToPool(
+            id, all ? PoolFilter([](StreamId) { return true; })
+                    : PoolFilter([stream](StreamId s) { return s == stream; }));
+        if (routed || pool.freeable) {
+          FUZZ_CHECK(absl::IsFailedPrecondition(status), "BeginAllocateToPool must refuse");
+          break;
+        }
+        FUZZ_CHECK(status.ok(), "BeginAllocateToPool: ", status.ToString());
+        pool.exists = true;
+        ++pool.use_count;
+        routes_.push_back(ModelRoute{id, all, stream});
+        break;
+      }
+      case 2: {  // the capture or use_mem_pool block ends
+        auto it = std::find_if(routes_.begin(), routes_.end(),
+                               [&](const ModelRoute& r) { return r.pool == id; });
+        const absl::Status status = engine_->EndAllocateToPool(id);
+        if (it == routes_.end()) {
+          FUZZ_CHECK(absl::IsFailedPrecondition(status), "EndAllocateToPool without a route");
+          break;
+        }
+        FUZZ_CHECK(status.ok(), "EndAllocateToPool: ", status.ToString());
+        routes_.erase(it);
+        break;
+      }
+      case 3: {  // a user goes (graph reset, MemPool destroyed)
+        const absl::Status status = engine_->ReleasePool(id);
+        if (!pool.exists) {
+          FUZZ_CHECK(absl::IsNotFound(status), "releasing an unknown pool: ", status.ToString());
+          break;
+        }
+        if (pool.use_count == 0) {
+          FUZZ_CHECK(!status.ok(), "releasing a pool more often than it was used");
+          break;
+        }
+        FUZZ_CHECK(status.ok(), "ReleasePool: ", status.ToString());
+        if (--pool.use_count == 0) pool.freeable = true;
+        break;
+      }
+      case 4: {
+        const absl::Status status = engine_->SetPoolNoSplit(id);
+        FUZZ_CHECK(status.ok() == pool.exists, "SetPoolNoSplit: ", status.ToString());
+        if (status.ok()) pool.no_split = true;
+        break;
+      }
+      case 5: {
+        const bool on = in_.U8() % 2 == 0;
+        const absl::Status status = engine_->SetPoolUseOnOom(id, on);
+        FUZZ_CHECK(status.ok() || (on && !pool.exists), "SetPoolUseOnOom: ", status.ToString());
+        break;
+      }
+      case 6: {
+        const absl::Status status = engine_->EmptyCache(id);
+        if (!status.ok()) CheckInjected(status, before, "EmptyCache(pool)");
+        break;
+      }
+      default: {  // checkPoolLiveAllocations, exactly the model's blocks of the pool
+        absl::flat_hash_set<std::uintptr_t> expected;
+        for (const auto& [address, block] : live_) {
+          if (block.pool == id) expected.insert(address);
+        }
+        const absl::StatusOr<bool> matches = engine_->CheckPoolLiveAllocations(id, expected);
+        if (!pool.exists) {
+          FUZZ_CHECK(absl::IsNotFound(matches.status()), "live check of an unknown pool");
+          break;
+        }
+        FUZZ_CHECK(matches.ok() && *matches, "checkPoolLiveAllocations disagrees with the model");
+        if (!expected.empty()) {
+          expected.erase(expected.begin());
+          FUZZ_CHECK(!*engine_->CheckPoolLiveAllocations(id, expected),
+                     "checkPoolLiveAllocations accepts a missing block");
+        }
+        break;
+      }
+    }
+    SyncDeletedPools();
+  }
+
+  void DoCapture() {
+    if (in_.U8() % 2 == 0) {
+      if (marked_captures_ >= 4) return;
+      engine_->MarkCaptureBegin();
+      ++marked_captures_;
+    } else if (marked_captures_ > 0) {
+      engine_->MarkCaptureEnd();
+      --marked_captures_;
+    }
+  }
+
+  void DoCheckpoint() {
+    const std::size_t slot = in_.U8() % std::size(checkpoints_);
+    const PoolId id = RandomPool();
+    ModelPool& pool = PoolModel(id);
+    if (in_.U8() % 2 == 0) {
+      const absl::StatusOr<PoolCheckpoint> checkpoint = engine_->GetPoolCheckpoint(id);
+      if (!pool.exists) {
+        FUZZ_CHECK(absl::IsNotFound(checkpoint.status()), "checkpoint of an unknown pool");
+        return;
+      }
+      if (checkpoint.ok()) checkpoints_[slot] = *checkpoint;
+      return;
+    }
+    if (!checkpoints_[slot].has_value()) return;
+    const PoolCheckpoint& checkpoint = *checkpoints_[slot];
+    const absl::StatusOr<CheckpointRestore> restored = engine_->RestorePoolCheckpoint(checkpoint);
+    if (!restored.ok()) {
+      // Refused (a segment vanished, blocks wait on other streams, the pool
+      // was released): nothing changed, which CheckPool verifies.
+      FUZZ_CHECK(absl::IsFailedPrecondition(restored.status()) ||
+                     absl::IsNotFound(restored.status()),
+                 "RestorePoolCheckpoint: ", restored.status().ToString());
+      return;
+    }
+    for (std::uintptr_t address : restored->freed) {
+      auto it = live_.find(address);
+      FUZZ_CHECK(it != live_.end() && it->second.pool == checkpoint.pool,
+                 "restore freed a block that was not the pool's");
+      live_.erase(it);
+    }
+    const TagId tag = tag_stack_.empty() ? kNoTag : tag_stack_.back();
+    const ScopeId scope = scope_stack_.empty() ? kNoScope : scope_stack_.back();
+    for (std::uintptr_t address : restored->allocated) {
+      const absl::StatusOr<BlockInfo> block = engine_->GetBlock(reinterpret_cast<void*>(address));
+      FUZZ_CHECK(block.ok() && block->state == BlockState::kAllocated, "restored block is live");
+      FUZZ_CHECK(!live_.contains(address), "restore re-created a live block");
+      live_[address] =
+          LiveBlock{block->size, block->size, block->stream, tag, scope, checkpoint.pool};
+      freed_.push_back(address);
+    }
+  }
+
+  void DoConfig() {
+    SizePolicy policy = engine_->policy();
+    switch (in_.U8() % 4) {
+      case 0:
+        policy.max_split_size = in_.U8() % 2 == 0 ? SizePolicy::kNoMaxSplit
+                                                  : (std::size_t{21} + in_.U8() % 64) * kMiB;
+        policy.max_non_split_rounding = (in_.U8() % 32) * kMiB;
+        break;
+      case 1: {
+        const std::size_t divisions[] = {0, 1, 2, 4, 8, 16};
+        for (std::size_t& d : policy.roundup_power2_divisions) {
+          d = divisions[in_.U8() % std::size(divisions)];
+        }
+        break;
+      }
+      case 2:
+        engine_->SetGarbageCollectionThreshold(in_.U8() % 2 == 0 ? 0.0 : in_.U8() / 255.0);
+        return;
+      default:
+        policy = SizePolicy::PyTorchDefault();
+        break;
+    }
+    const absl::Status status = engine_->SetSizePolicy(policy);
+    FUZZ_CHECK(status.ok(), "SetSizePolicy of a valid policy: ", status.ToString());
+  }
+
+  // While a capture is underway: no event recorded, queried or waited for,
+  // and no segment of the default pool released.
+  void CheckCaptureRules(const Before& before) {
+    if (!before.capture_underway || !CaptureUnderway()) return;
+    FUZZ_CHECK(EventCalls() == before.event_calls, "an event call during a capture");
+    std::vector<std::uintptr_t> after = DefaultSegments();
+    for (std::uintptr_t address : before.default_segments) {
+      FUZZ_CHECK(std::find(after.begin(), after.end(), address) != after.end(),
+                 "a default-pool segment was released during a capture");
+    }
+  }
+
   // After every operation: the pool is intact and the stats equal the model.
   void CheckPool() {
     const absl::Status matches = testing::CheckEngineMatchesLiveBlocks(*engine_, live_);
@@ -718,6 +1024,19 @@ class Fuzzer {
     op_index_ = -1;
     faults_->ClearAll();
     controlled_->ForbidSegmentAllocation("");
+    for (const ModelRoute& route : routes_) {
+      FUZZ_CHECK(engine_->EndAllocateToPool(route.pool).ok(), "end a route at the end");
+    }
+    routes_.clear();
+    while (marked_captures_ > 0) {
+      engine_->MarkCaptureEnd();
+      --marked_captures_;
+    }
+    for (std::size_t i = 0; i < std::size(kPools); ++i) {
+      for (; pools_[i].exists && pools_[i].use_count > 0; --pools_[i].use_count) {
+        FUZZ_CHECK(engine_->ReleasePool(kPools[i]).ok(), "release a pool at the end");
+      }
+    }
     engine_->ProcessEvents();  // records what could not be recorded
     controlled_->CompleteAll();
     engine_->ProcessEvents();
@@ -759,6 +1078,10 @@ class Fuzzer {
   bool forbidden_ = false;
   bool auto_complete_ = false;
   int op_index_ = 0;
+  ModelPool pools_[std::size(kPools)];
+  std::vector<ModelRoute> routes_;
+  int marked_captures_ = 0;
+  std::optional<PoolCheckpoint> checkpoints_[2];
 };
 
 }  // namespace

@@ -19,7 +19,7 @@ CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
 # Opcodes, in the order of enum Op.
 (ALLOCATE, FREE, FREE_INVALID, RECORD_STREAM, COMPLETE_STREAM, PROCESS_EVENTS, EMPTY_CACHE,
  TAG, SCOPE, SET_LIMIT, SET_FRACTION, SET_CAPACITY, FAULT, FORBID, TRACE_CAPACITY,
- REPORT) = range(16)
+ REPORT, POOL, CAPTURE, CHECKPOINT, CONFIG) = range(20)
 
 # Indexes into kBoundaries.
 BOUNDARIES = ["1", "511", "512", "513", "4096", "1M-512", "1M", "1M+1", "2M-512", "2M", "2M+1",
@@ -225,6 +225,76 @@ class Program:
             self.report(kind)
         return self
 
+    # --- private pools, captures, checkpoints, configuration -----------------
+    # pool index: 0 -> (1, 0), 1 -> (2, 0), 2 -> (0, 3)
+    def pool_create(self, pool=0):
+        self.u8(POOL), self.u8(pool), self.u8(0)
+        return self
+
+    def pool_route(self, pool=0, stream=None):  # stream None: every stream
+        self.u8(POOL), self.u8(pool), self.u8(1), self.u8(0 if stream is None else 1)
+        self.u8(0 if stream is None else stream)
+        return self
+
+    def pool_end(self, pool=0):
+        self.u8(POOL), self.u8(pool), self.u8(2)
+        return self
+
+    def pool_release(self, pool=0):
+        self.u8(POOL), self.u8(pool), self.u8(3)
+        return self
+
+    def pool_no_split(self, pool=0):
+        self.u8(POOL), self.u8(pool), self.u8(4)
+        return self
+
+    def pool_use_on_oom(self, pool=0, on=True):
+        self.u8(POOL), self.u8(pool), self.u8(5), self.u8(0 if on else 1)
+        return self
+
+    def pool_empty_cache(self, pool=0):
+        self.u8(POOL), self.u8(pool), self.u8(6)
+        return self
+
+    def pool_check_live(self, pool=0):
+        self.u8(POOL), self.u8(pool), self.u8(7)
+        return self
+
+    def capture_begin(self):
+        self.u8(CAPTURE), self.u8(0)
+        return self
+
+    def capture_end(self):
+        self.u8(CAPTURE), self.u8(1)
+        return self
+
+    def checkpoint(self, slot=0, pool=0):
+        self.u8(CHECKPOINT), self.u8(slot), self.u8(pool), self.u8(0)
+        return self
+
+    def restore(self, slot=0, pool=0):
+        self.u8(CHECKPOINT), self.u8(slot), self.u8(pool), self.u8(1)
+        return self
+
+    def max_split(self, mib, non_split_mib=20):  # mib >= 21; None: no max_split_size
+        self.u8(CONFIG), self.u8(0), self.u8(0 if mib is None else 1)
+        if mib is not None:
+            self.u8(mib - 21)
+        self.u8(non_split_mib)
+        return self
+
+    def power2_divisions(self, index):  # index into {0, 1, 2, 4, 8, 16}, every interval
+        self.u8(CONFIG), self.u8(1)
+        for _ in range(16):
+            self.u8(index)
+        return self
+
+    def gc_threshold(self, byte):  # byte / 255; 0: off
+        self.u8(CONFIG), self.u8(2), self.u8(0 if byte == 0 else 1)
+        if byte:
+            self.u8(byte)
+        return self
+
     # A short training-like step reaching every backend call.
     def workload(self):
         self.set_fraction(255)
@@ -310,6 +380,32 @@ def seeds():
     s["trace-reports"] = (Program().trace_capacity(4).alloc_small(1000).alloc_small(1000)
                           .free(0).free(0).report(5).trace_capacity(0).report(5)
                           .trace_capacity(1024).alloc_medium(12 << 20).all_reports())
+    s["pool-route"] = (Program().pool_create(0).pool_route(0).alloc_small(1000).free(0)
+                       .pool_end(0).alloc_small(1000).pool_check_live(0).pool_release(0)
+                       .pool_release(0).pool_empty_cache(0).free(0).empty_cache())
+    s["pool-graph-hazard"] = (Program().pool_route(0, stream=0).alloc_medium(5 << 20).free(0)
+                              .pool_end(0).alloc_medium(5 << 20).pool_route(0, stream=0)
+                              .alloc_medium(5 << 20).pool_end(0).report(2).pool_release(0)
+                              .pool_release(0).empty_cache())
+    s["pool-no-split-oom"] = (Program().pool_create(1).pool_no_split(1).pool_use_on_oom(1)
+                              .pool_route(1, stream=1).alloc_small(4096, 1).free(0).pool_end(1)
+                              .set_limit(4 << 20).alloc_small(1 << 20, 1)
+                              .alloc_small(1 << 20, 1).alloc_small(4096, 1).pool_release(1)
+                              .pool_release(1).remove_limit())
+    s["capture-deferred"] = (Program().alloc_small(4096).record_stream(0, 1).capture_begin()
+                             .pool_route(2, stream=0).free(0).alloc_medium(3 << 20)
+                             .process_events().empty_cache().pool_end(2).capture_end()
+                             .complete_all().process_events().pool_release(2).empty_cache())
+    s["checkpoint-restore"] = (Program().pool_route(0, stream=0).alloc_small(100 << 10)
+                               .alloc_small(200 << 10).alloc_small(300 << 10).free(1)
+                               .checkpoint(0, 0).free(0).free(0).alloc_small(500 << 10)
+                               .restore(0, 0).pool_check_live(0).pool_end(0).restore(0, 0)
+                               .pool_release(0))
+    s["config-knobs"] = (Program().max_split(31).alloc_medium(40 << 20).free(0)
+                         .alloc_medium(20 << 20).alloc_medium(35 << 20).power2_divisions(3)
+                         .alloc_small(1258291).set_limit(100, 20).gc_threshold(150)
+                         .alloc_medium(12 << 20).free(0).alloc_medium(30 << 20)
+                         .max_split(None).power2_divisions(0).gc_threshold(0))
     return s
 
 

@@ -206,9 +206,9 @@ def _cuda_available() -> bool:
     """A CUDA device is there and torchmem can serve it, checked without initializing CUDA."""
     import torch
 
-    from torchmem import _C
+    from torchmem.runtime import cuda as _cuda
 
-    if not hasattr(_C, "cuda_entry_points") or torch.version.cuda is None:
+    if not _cuda.supported():
         return False
     # Counts devices without initializing PyTorch's CUDA state (so the allocator can still be swapped).
     return torch.cuda.is_available()

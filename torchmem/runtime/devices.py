@@ -44,8 +44,10 @@ def engine(device: DeviceLike):
     device = normalize(device)
     if device.type == "cpu":
         return _C.cpu_engine()
-    if not hasattr(_C, "cuda_engine"):
-        raise RuntimeError("torchmem was built without CUDA support")
+    from torchmem.runtime import cuda as _cuda
+
+    if not _cuda.supported():
+        raise RuntimeError("torchmem was built without CUDA support (or torch is CPU-only)")
     _cuda_devices_seen.add(device.index)
     return _C.cuda_engine(device.index)
 

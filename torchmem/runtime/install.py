@@ -1,9 +1,9 @@
 """Routing PyTorch's allocations through torchmem.
 
 ``install("cpu")`` swaps c10's CPU allocator (reversible); ``install("cuda")``
-hands PyTorch a ``CUDAPluggableAllocator`` built from torchmem's own
-extension module (once per process, before CUDA is initialized, as PyTorch
-requires). Installing also turns on the garbage-collecting retry: an
+makes torchmem's complete ``CUDAAllocator`` (``torchmem.cuda_allocator()``)
+PyTorch's CUDA allocator through ``change_current_allocator`` (once per
+process, before CUDA is initialized, as PyTorch requires). Installing also turns on the garbage-collecting retry: an
 allocation about to fail runs ``gc.collect()`` once and retries.
 """
 
@@ -85,7 +85,7 @@ def uninstall(device: DeviceLike = "cpu") -> None:
 
 def is_installed(device: DeviceLike = "cuda") -> bool:
     kind = _device_type(device)
-    return _C.cpu_installed() if kind == "cpu" else _cuda_installed
+    return _C.cpu_installed() if kind == "cpu" else _cuda_in_use()
 
 
 def installed_devices() -> list[str]:
@@ -93,22 +93,33 @@ def installed_devices() -> list[str]:
     devices = []
     if _C.cpu_installed():
         devices.append("cpu")
-    if _cuda_installed:
+    if _cuda_in_use():
         devices.append("cuda")
     return devices
 
 
+def _cuda_in_use() -> bool:
+    """torchmem serves CUDA: installed here, or by change_current_allocator(cuda_allocator())."""
+    if _cuda_installed:
+        return True
+    from torchmem.runtime import cuda as _cuda
+
+    return _cuda.installed()
+
+
 def _install_cuda() -> None:
     global _cuda_installed
-    if _cuda_installed:
+    if _cuda_in_use():
+        _cuda_installed = True
         return
-    if not hasattr(_C, "cuda_entry_points"):
-        raise RuntimeError("torchmem was built without CUDA support; install('cpu') works without it")
     if torch.version.cuda is None:
         raise RuntimeError(
             f"torchmem.install('cuda') needs a CUDA build of PyTorch; this one ({torch.__version__}) is CPU-only"
         )
     from torchmem.runtime import cuda as _cuda
 
-    _cuda.install_pluggable_allocator()
+    if not _cuda.supported():
+        raise RuntimeError("torchmem was built without CUDA support; install('cpu') works without it")
+
+    _cuda.install_allocator()
     _cuda_installed = True

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import torch
+
 from torchmem.runtime import devices as _devices
 from torchmem.runtime.devices import DeviceLike
+
+# Keys of torch.cuda.memory_stats() that arrived after the oldest torch torchmem supports
+# (prefix -> the release that added it). The engine counts them always; memory_stats()
+# leaves out those the running torch does not have, so its dict stays equal to
+# torch.cuda.memory_stats()'s, key for key, whatever the release.
+_KEYS_SINCE: dict[str, tuple[int, int]] = {
+    "num_oom_rejections": (2, 12),
+    "reserved_bytes_by_private_pools.": (2, 13),
+}
+_TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+_KEYS_MISSING = tuple(prefix for prefix, since in _KEYS_SINCE.items() if _TORCH < since)
 
 
 def memory_stats(device: DeviceLike = None) -> dict[str, int]:
@@ -11,7 +24,10 @@ def memory_stats(device: DeviceLike = None) -> dict[str, int]:
 
     ``device`` defaults to CUDA if torchmem serves it, else CPU.
     """
-    return _devices.engine(_pick(device)).memory_stats()
+    stats = _devices.engine(_pick(device)).memory_stats()
+    if _KEYS_MISSING:
+        stats = {key: value for key, value in stats.items() if not key.startswith(_KEYS_MISSING)}
+    return stats
 
 
 def memory_allocated(device: DeviceLike = None) -> int:

@@ -61,12 +61,40 @@ absl::Status CudaBackend::CudaError(cudaError_t error, const std::string& call) 
   return absl::InternalError(message);
 }
 
+// Relaxes the calling thread's capture mode for its lifetime, so that
+// cudaMalloc during a capture neither fails nor invalidates the capture.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() : status_(cudaThreadExchangeStreamCaptureMode(&mode_)) {}
+  ~RelaxedCaptureMode() {
+    if (status_ == cudaSuccess) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  cudaError_t status_;
+};
+
 absl::StatusOr<std::uintptr_t> CudaBackend::AllocateSegment(std::size_t size, StreamId stream) {
-  (void)stream;
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (const cudaError_t error = cudaStreamIsCapturing(AsStream(stream), &capture);
+      error != cudaSuccess) {
+    return CudaError(error, "cudaStreamIsCapturing");
+  }
   void* ptr = nullptr;
-  const cudaError_t error = cudaMalloc(&ptr, size);
+  cudaError_t error = cudaSuccess;
+  if (capture == cudaStreamCaptureStatusNone) {
+    error = cudaMalloc(&ptr, size);
+  } else {
+    RelaxedCaptureMode relaxed;
+    if (relaxed.status() != cudaSuccess) {
+      return CudaError(relaxed.status(), "cudaThreadExchangeStreamCaptureMode");
+    }
+    error = cudaMalloc(&ptr, size);
+  }
   if (error != cudaSuccess) {
     return CudaError(error, absl::StrCat("cudaMalloc(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
   }
@@ -94,17 +122,14 @@ absl::StatusOr<std::size_t> CudaBackend::Capacity() {
   return total_bytes;
 }
 
-absl::Status CudaBackend::CheckSegmentAllocationAllowed(StreamId stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const cudaError_t error = cudaStreamIsCapturing(AsStream(stream), &capture);
-  if (error != cudaSuccess) return CudaError(error, "cudaStreamIsCapturing");
-  if (capture == cudaStreamCaptureStatusNone) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "torchmem: a new segment is needed on %s while stream %#x is being captured into a CUDA "
-      "graph; cudaMalloc would invalidate the capture. torchmem does not give graphs private "
-      "memory pools: run one warm-up iteration before capturing so the cache already holds the "
-      "memory, or capture graphs without torchmem installed",
-      DeviceName(), stream));
+absl::StatusOr<std::size_t> CudaBackend::FreeBytes() {
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (error != cudaSuccess) return CudaError(error, "cudaMemGetInfo");
+  return free_bytes;
 }
 
 absl::StatusOr<EventId> CudaBackend::RecordEvent(StreamId stream) {

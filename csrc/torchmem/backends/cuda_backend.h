@@ -8,9 +8,12 @@
 //   - Events: cudaEventDisableTiming events from a pool (creating events is
 //     expensive and serialises), recorded on the stream that used a block.
 //   - Capacity: cudaMemGetInfo's total, for limits given as a fraction.
-//   - While a stream is being captured into a CUDA graph, new segments are
-//     refused with an error that explains why (cudaMalloc would invalidate
-//     the capture); cached blocks can still be used.
+//   - A segment needed while its stream is being captured into a CUDA graph
+//     is obtained with the thread's capture mode relaxed for the cudaMalloc,
+//     as PyTorch's allocator does (cudaMallocMaybeCapturing): a captured
+//     cudaMalloc gives the graph new addresses and is not replayed. The
+//     engine keeps such segments in the graph's private pool and never
+//     releases them during a capture.
 // The engine calls a backend under its own lock, so no locking here except
 // for the event pool, which is only touched under that lock as well.
 #ifndef TORCHMEM_BACKENDS_CUDA_BACKEND_H_
@@ -34,7 +37,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t size, StreamId stream) override;
   absl::Status ReleaseSegment(std::uintptr_t address, std::size_t size) override;
   absl::StatusOr<std::size_t> Capacity() override;
-  absl::Status CheckSegmentAllocationAllowed(StreamId stream) override;
+  absl::StatusOr<std::size_t> FreeBytes() override;
   absl::StatusOr<EventId> RecordEvent(StreamId stream) override;
   absl::StatusOr<bool> QueryEvent(EventId event) override;
   absl::Status SynchronizeEvent(EventId event) override;

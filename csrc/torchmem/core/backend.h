@@ -46,6 +46,11 @@ class Backend {
   // Total bytes of the device, for limits given as a fraction.
   virtual absl::StatusOr<std::size_t> Capacity() = 0;
 
+  // Bytes the device has free now (for out-of-memory reports).
+  virtual absl::StatusOr<std::size_t> FreeBytes() {
+    return absl::UnimplementedError("this backend does not report free device memory");
+  }
+
   // Says why no new segment may be obtained for `stream` right now (e.g. a
   // CUDA graph is being captured on it), or OK.
   virtual absl::Status CheckSegmentAllocationAllowed(StreamId stream) {

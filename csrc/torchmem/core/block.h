@@ -5,7 +5,9 @@
 // (Block::prev/next). Each block is in exactly one state:
 //   kAllocated   - handed out to a caller;
 //   kPendingFree - freed by its caller, but still used by work queued on other
-//                  streams (record_stream); reusable once their events complete;
+//                  streams (record_stream); reusable once their events complete
+//                  (or, while a CUDA graph capture is underway, waiting with no
+//                  event yet: events cannot be queried during capture);
 //   kFree        - cached, reusable; indexed in its segment's FreeLists.
 // A free block never touches another free block: they are merged when the
 // second one is freed (as in PyTorch), so the index always holds the largest
@@ -27,7 +29,9 @@
 namespace torchmem {
 
 class FreeLists;
+struct PrivatePool;
 struct ScopeBlocks;
+struct StreamLists;
 
 enum class BlockState : std::uint8_t { kFree, kAllocated, kPendingFree };
 
@@ -54,10 +58,17 @@ struct Segment {
   PoolKind pool = PoolKind::kSmall;
   StreamId stream = 0;
   Block* first = nullptr;        // block at `address`
-  FreeLists* lists = nullptr;    // free lists of (stream, pool)
+  FreeLists* lists = nullptr;    // free lists of (private pool, stream, pool kind)
+  StreamLists* stream_lists = nullptr;  // the lists' owner (counts its segments)
+  // The private pool whose blocks this segment holds; nullptr: the default
+  // pool. A private pool's blocks are only ever handed to allocations routed
+  // to that pool.
+  PrivatePool* owner = nullptr;
   // Creation order among the engine's segments (1, 2, ...): best fit prefers
   // blocks of older segments among blocks of equal size (see FreeLists).
   std::uint64_t registration = 0;
+  ContextId context = kNoContext;  // of the allocation that created it
+  bool counted_oversize = false;   // in stats' oversize_segments
 };
 
 struct Block {
@@ -79,7 +90,14 @@ struct Block {
   // Streams other than the segment's that used the block (record_stream),
   // and the number of their events not yet completed after a free.
   std::vector<StreamId> stream_uses;
+  // The subset of stream_uses recorded while a CUDA graph capture was
+  // underway: work captured on them replays later, so no event waits for it.
+  std::vector<StreamId> capture_stream_uses;
   int pending_events = 0;
+  bool counted_oversize = false;  // in stats' oversize_allocations
+  // Garbage collection age: the lookup count of its free lists when it was
+  // cached (only kept while a collection threshold is set).
+  std::uint64_t cached_at = 0;
 
   // Links of its size class's free list (FreeIndex::kClassList).
   Block* cache_prev = nullptr;
@@ -91,6 +109,7 @@ struct Block {
   Block* scope_next = nullptr;
 
   PoolKind pool() const { return segment->pool; }
+  PrivatePool* owner() const { return segment->owner; }
   StreamId stream() const { return segment->stream; }
   // True unless the block spans its whole segment.
   bool IsSplit() const { return prev != nullptr || next != nullptr; }

@@ -6,6 +6,19 @@ std::atomic<int> g_capture_requests{0};
 std::atomic<ContextCaptureFn> g_capture_hook{nullptr};
 }  // namespace internal
 
+namespace {
+std::atomic<ContextFramesResolver> g_frames_resolver{nullptr};
+}  // namespace
+
+void SetContextFramesResolver(ContextFramesResolver resolver) {
+  g_frames_resolver.store(resolver, std::memory_order_release);
+}
+
+bool ResolveContextFrames(ContextId id, std::vector<ContextFrame>* out) {
+  ContextFramesResolver resolver = g_frames_resolver.load(std::memory_order_acquire);
+  return resolver != nullptr && id != kNoContext && resolver(id, out);
+}
+
 void SetContextCaptureHook(ContextCaptureFn hook) {
   internal::g_capture_hook.store(hook, std::memory_order_release);
 }

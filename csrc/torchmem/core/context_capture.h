@@ -11,6 +11,7 @@
 #define TORCHMEM_CORE_CONTEXT_CAPTURE_H_
 
 #include <atomic>
+#include <vector>
 
 #include "torchmem/core/types.h"
 
@@ -24,6 +25,24 @@ void SetContextCaptureHook(ContextCaptureFn hook);
 void RequestContextCapture();
 void ReleaseContextCapture();
 bool ContextCaptureRequested();
+
+// One frame of a captured context, opaque to the engine: the capture
+// layer's code object and instruction offset (for Python stacks, a
+// PyCodeObject* and the byte offset PyCode_Addr2Line takes).
+struct ContextFrame {
+  void* code = nullptr;
+  int offset = 0;
+};
+
+// Copies the frames of context `id`, innermost first, into `out`, with one
+// strong reference to each code object that the caller must release; false
+// if `id` is unknown (or was pruned). Installed by the layer that captures
+// (torchmem._C); used by torchmem._C_cuda to hand PyTorch's snapshots
+// torchmem's stacks. Requires what the capture layer requires (the GIL).
+using ContextFramesResolver = bool (*)(ContextId id, std::vector<ContextFrame>* out);
+void SetContextFramesResolver(ContextFramesResolver resolver);
+// False if no resolver is installed or it does not know `id`.
+bool ResolveContextFrames(ContextId id, std::vector<ContextFrame>* out);
 
 namespace internal {
 extern std::atomic<int> g_capture_requests;

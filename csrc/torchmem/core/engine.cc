@@ -1,3 +1,7 @@
+// Engine: construction, the allocation and free paths, and the bookkeeping
+// helpers they share. Events (engine_events.cc), private pools and
+// checkpoints (engine_pools.cc), releasing cached memory (engine_cache.cc)
+// and reports (engine_reports.cc) live in their own files.
 #include "torchmem/core/engine.h"
 
 #include <algorithm>
@@ -39,14 +43,19 @@ void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook) {
 }
 
 Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
-    : backend_(std::move(backend)), policy_(options.policy), device_name_(backend_->DeviceName()) {
-  if (absl::Status valid = policy_.Validate(); !valid.ok()) {
+    : backend_(std::move(backend)), device_name_(backend_->DeviceName()) {
+  if (absl::Status valid = options.policy.Validate(); !valid.ok()) {
     std::fprintf(stderr, "torchmem: invalid size policy: %s\n", valid.ToString().c_str());
     std::abort();
   }
   {
     MutexLock lock(&mutex_);
+    policy_ = options.policy;
+    policy_.Refresh();
+    stats_.max_split_size = policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size)
+                                                  : -1;
     memory_limit_ = options.memory_limit_bytes;
+    gc_threshold_ = options.garbage_collection_threshold;
   }
   InstallForkHandlers();
   EngineRegistry& registry = Registry();
@@ -106,82 +115,155 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
   }
   MutexLock lock(&mutex_);
   ++stats_.num_ooms;
-  if (trace_ != nullptr) {
-    const std::int64_t free_cached = stats_.reserved_bytes.all().current -
-                                     stats_.active_bytes.all().current;
-    trace_->Record(TraceAction::kOom, static_cast<std::uintptr_t>(free_cached), size, stream,
-                   context);
+  if (Tracing()) {
+    std::size_t device_free = 0;
+    if (absl::StatusOr<std::size_t> free_bytes = backend_->FreeBytes(); free_bytes.ok()) {
+      device_free = *free_bytes;
+    }
+    Trace(TraceAction::kOom, device_free, size, stream, context,
+          routes_.empty() ? nullptr : RouteFor(stream));
   }
-  return absl::ResourceExhaustedError(OutOfMemoryMessage(size, policy_.RoundSize(size), failure));
+  const std::size_t rounded = policy_.RoundSize(size);
+  return absl::ResourceExhaustedError(OutOfMemoryMessage(size, rounded, failure));
 }
 
 absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
                                               const Attribution& attribution,
                                               ContextId context) {
-  if (outstanding_events_ > 0) ProcessEventsLocked();
+  if (ABSL_PREDICT_FALSE(outstanding_events_ > 0 || !deferred_until_no_capture_.empty())) {
+    ProcessEventsLocked();
+  }
   const std::size_t rounded = policy_.RoundSize(size);
-  const PoolKind pool = policy_.PoolFor(rounded);
-  FreeLists& lists = ListsFor(stream).pools[static_cast<int>(pool)];
+  const PoolKind kind = policy_.PoolFor(rounded);
+  PrivatePool* owner = ABSL_PREDICT_TRUE(routes_.empty()) ? nullptr : RouteFor(stream);
+  StreamLists& stream_lists = owner == nullptr ? ListsFor(stream) : PoolListsFor(owner, stream);
+  FreeLists& lists = stream_lists.pools[static_cast<int>(kind)];
+  // Garbage collection ages blocks by lookups in the default large pool,
+  // as PyTorch does (only while a collection threshold is set).
+  if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0) && owner == nullptr && kind == PoolKind::kLarge) {
+    ++gc_clock_;
+  }
   // Best fit over this stream's free blocks of the pool: O(1), and in the
   // common case of a training loop, a block of exactly this size.
-  Block* block = lists.TakeBestFit(rounded);
+  Block* block = TakeCachedBlock(lists, rounded);
   if (block == nullptr) {
-    absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
-    if (!fresh.ok()) return fresh.status();
+    absl::StatusOr<Block*> fresh = NewSegment(rounded, kind, stream, owner, context);
+    if (!fresh.ok()) {
+      DropStreamListsIfEmpty(owner, stream);
+      return fresh.status();
+    }
     block = *fresh;
   }
-  if (block->size != rounded && policy_.ShouldSplit(pool, block->size, rounded)) {
+  const bool no_split = block->owner() != nullptr && block->owner()->no_split;
+  if (block->size != rounded && !no_split &&
+      policy_.ShouldSplit(block->pool(), block->size, rounded)) {
     SplitBlock(block, rounded);
   }
   MarkAllocated(block, size, attribution, context);
   return block;
 }
 
+PrivatePool* Engine::RouteFor(StreamId stream) {
+  // Newest route first, as PyTorch searches its captures underway.
+  for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
+    if (it->filter(stream)) {
+      auto pool = private_pools_.find(it->pool);
+      if (pool != private_pools_.end()) return pool->second.get();
+    }
+  }
+  return nullptr;
+}
+
+Block* Engine::TakeCachedBlock(FreeLists& lists, std::size_t rounded) {
+  if (ABSL_PREDICT_TRUE(!policy_.HasMaxSplit())) return lists.TakeBestFit(rounded);
+  Block* block = lists.PeekBestFit(rounded);
+  if (block == nullptr || !policy_.MayServe(block->size, rounded)) return nullptr;
+  lists.Remove(block);
+  return block;
+}
+
 absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool,
-                                          StreamId stream) {
+                                          StreamId stream, PrivatePool* owner,
+                                          ContextId context) {
   const std::size_t segment_size = policy_.SegmentSizeFor(rounded_size);
   if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(stream); !allowed.ok()) {
     return allowed;
   }
+  // Releasing segments (cudaFree) is not allowed during a capture: the
+  // collection and the release rungs below wait for it to end.
+  const bool capturing = CaptureUnderwayLocked();
+  if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0 && memory_limit_ != 0) && !capturing) {
+    CollectGarbage();
+  }
   absl::StatusOr<std::uintptr_t> address = BackendAllocate(segment_size, stream);
   if (!address.ok() && absl::IsResourceExhausted(address.status())) {
-    // Second rung: give every cached segment back, then ask again.
-    ++stats_.num_alloc_retries;
-    absl::Status reclaimed = SynchronizeAllEvents();
-    absl::Status released = ReleaseFreeSegments();
-    if (reclaimed.ok()) reclaimed = released;
-    address = BackendAllocate(segment_size, stream);
-    if (!address.ok() && !reclaimed.ok()) {
-      // Say why the cache could not make room, or the error would blame a
-      // full device while the cache still holds the memory.
-      address = absl::Status(address.status().code(),
-                             absl::StrCat(address.status().message(),
-                                          "; the cache could not make room first: ",
-                                          reclaimed.message()));
+    // A MemPool that opted in (use_on_oom) lends its free blocks to the
+    // default pool before anything is released.
+    if (owner == nullptr) {
+      if (Block* lent = TakeFromUseOnOomPools(rounded_size, pool, stream)) return lent;
+    }
+    StreamLists& stream_lists = owner == nullptr ? ListsFor(stream) : PoolListsFor(owner, stream);
+    FreeLists& lists = stream_lists.pools[static_cast<int>(pool)];
+    // Second rung: release oversize blocks enough for this request
+    // (PyTorch's release_available_cached_blocks).
+    if (policy_.HasMaxSplit() && !capturing && ReleaseOversizeBlocks(lists, segment_size)) {
+      address = BackendAllocate(segment_size, stream);
+    }
+    // Third rung: give every releasable cached segment back, then ask
+    // again. Not during a capture: that needs event synchronization.
+    if (!address.ok() && absl::IsResourceExhausted(address.status()) && !capturing) {
+      ++stats_.num_alloc_retries;
+      absl::Status reclaimed = SynchronizeAllEvents();
+      absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
+      if (reclaimed.ok()) reclaimed = released;
+      address = BackendAllocate(segment_size, stream);
+      if (!address.ok() && !reclaimed.ok()) {
+        // Say why the cache could not make room, or the error would blame a
+        // full device while the cache still holds the memory.
+        address = absl::Status(address.status().code(),
+                               absl::StrCat(address.status().message(),
+                                            "; the cache could not make room first: ",
+                                            reclaimed.message()));
+      }
     }
   }
   if (!address.ok()) return address.status();
 
+  StreamLists& stream_lists = owner == nullptr ? ListsFor(stream) : PoolListsFor(owner, stream);
   auto segment = std::make_unique<Segment>();
   segment->address = *address;
   segment->size = segment_size;
   segment->pool = pool;
   segment->stream = stream;
-  segment->lists = &ListsFor(stream).pools[static_cast<int>(pool)];
+  segment->lists = &stream_lists.pools[static_cast<int>(pool)];
+  segment->stream_lists = &stream_lists;
+  segment->owner = owner;
   segment->registration = next_segment_registration_++;
+  segment->context = context;
+  ++stream_lists.segments;
   Block* block = NewBlock();
   block->address = *address;
   block->size = segment_size;
   block->segment = segment.get();
   segment->first = block;
   blocks_.emplace(block->address, block);
-  segments_.emplace(segment->address, std::move(segment));
+  const auto bytes = static_cast<std::int64_t>(segment_size);
   stats_.segment.Increase(pool, 1);
-  stats_.reserved_bytes.Increase(pool, static_cast<std::int64_t>(segment_size));
-  ++stats_.num_device_alloc;
-  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
-    trace_->Record(TraceAction::kSegmentAlloc, *address, segment_size, stream, kNoContext);
+  stats_.reserved_bytes.Increase(pool, bytes);
+  if (owner != nullptr) {
+    ++owner->segments;
+    stats_.reserved_bytes_by_private_pools[{owner->id.first, owner->id.second}].Increase(pool,
+                                                                                      bytes);
   }
+  if (ABSL_PREDICT_FALSE(policy_.IsOversize(segment_size))) {
+    segment->counted_oversize = true;
+    stats_.oversize_segments.Increase(1);
+  }
+  ++stats_.num_device_alloc;
+  if (ABSL_PREDICT_FALSE(Tracing())) {
+    Trace(TraceAction::kSegmentAlloc, *address, segment_size, stream, context, owner);
+  }
+  segments_.emplace(segment->address, std::move(segment));
   return block;
 }
 
@@ -241,6 +323,7 @@ void Engine::InsertMerged(Block* block) {
     block = prev;
   }
   if (detach_if_free(block->next)) AbsorbNeighbour(block, block->next);
+  block->cached_at = gc_clock_;
   lists.Insert(block);
 }
 
@@ -258,6 +341,7 @@ void Engine::AbsorbNeighbour(Block* block, Block* neighbour) {
 void Engine::MarkAllocated(Block* block, std::size_t requested, const Attribution& attribution,
                            ContextId context) {
   RemoveInactiveSplit(block);
+  ApplyInactiveSplitChange(block->pool());  // with the split that made `block`, if any
   block->state = BlockState::kAllocated;
   block->requested_size = requested;
   block->tag = attribution.tag;
@@ -272,6 +356,10 @@ void Engine::MarkAllocated(Block* block, std::size_t requested, const Attributio
   stats_.requested_bytes.Increase(pool, requested_bytes);
   stats_.active.Increase(pool, 1);
   stats_.active_bytes.Increase(pool, bytes);
+  if (ABSL_PREDICT_FALSE(policy_.IsOversize(block->size))) {
+    block->counted_oversize = true;
+    stats_.oversize_allocations.Increase(1);
+  }
 
   TagCounters& tag = CountersFor(attribution.tag);
   tag.current_bytes += bytes;
@@ -284,24 +372,43 @@ void Engine::MarkAllocated(Block* block, std::size_t requested, const Attributio
   if (attribution.scope != kNoScope) {
     if (ScopeBlocks* list = ScopeListFor(attribution.scope)) LinkToScope(block, list);
   }
-  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
-    trace_->Record(TraceAction::kAlloc, block->address, requested, block->stream(), context);
+  if (ABSL_PREDICT_FALSE(Tracing())) {
+    Trace(TraceAction::kAlloc, block->address, requested, block->stream(), context, block->owner());
   }
 }
 
 // --- free -------------------------------------------------------------------
 
+// The context of a free, for traces that want the freeing code's stack
+// (captured before the lock: the hook must not run under it).
+static ContextId FreeContext(const std::atomic<bool>& wanted) {
+  return ABSL_PREDICT_FALSE(wanted.load(std::memory_order_relaxed)) ? CaptureContext()
+                                                                    : kNoContext;
+}
+
 absl::Status Engine::Free(void* ptr) {
+  const ContextId context = FreeContext(trace_free_context_);
   MutexLock lock(&mutex_);
-  return FreeLocked(ptr, nullptr);
+  return FreeLocked(ptr, nullptr, context);
 }
 
 absl::Status Engine::FreeSized(void* ptr, std::size_t requested_size) {
+  const ContextId context = FreeContext(trace_free_context_);
   MutexLock lock(&mutex_);
-  return FreeLocked(ptr, &requested_size);
+  return FreeLocked(ptr, &requested_size, context);
 }
 
-absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size) {
+absl::StatusOr<bool> Engine::FreeIfOwned(void* ptr) {
+  const ContextId context = FreeContext(trace_free_context_);
+  MutexLock lock(&mutex_);
+  if (!blocks_.contains(reinterpret_cast<std::uintptr_t>(ptr))) return false;
+  absl::Status freed = FreeLocked(ptr, nullptr, context);
+  if (!freed.ok()) return freed;
+  return true;
+}
+
+absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size,
+                                ContextId free_context) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = blocks_.find(address);
   if (ABSL_PREDICT_FALSE(it == blocks_.end())) return UnknownPointerError(address);
@@ -321,22 +428,30 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size) {
   }
   const PoolKind pool = block->pool();
   const auto bytes = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(block->requested_size);
   stats_.allocation.Decrease(pool, 1);
   stats_.allocated_bytes.Decrease(pool, bytes);
-  stats_.requested_bytes.Decrease(pool, requested);
+  if (ABSL_PREDICT_FALSE(block->counted_oversize)) {
+    block->counted_oversize = false;
+    stats_.oversize_allocations.Decrease(1);
+  }
 
-  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
-    trace_->Record(TraceAction::kFreeRequested, block->address, block->size, block->stream(),
-                   block->context);
+  if (ABSL_PREDICT_FALSE(Tracing())) {
+    const ContextId context = free_context != kNoContext ? free_context : block->context;
+    Trace(TraceAction::kFreeRequested, block->address, block->requested_size, block->stream(),
+          context, block->owner());
   }
   TagCounters& tag = tags_[block->tag];
   tag.current_bytes -= bytes;
-  tag.current_requested_bytes -= requested;
+  tag.current_requested_bytes -= static_cast<std::int64_t>(block->requested_size);
   --tag.live_blocks;
 
   if (ABSL_PREDICT_FALSE(!block->stream_uses.empty())) {
     block->state = BlockState::kPendingFree;
+    if (CaptureUnderwayLocked()) {
+      // No event may be recorded or queried now; wait for the capture to end.
+      deferred_until_no_capture_.push_back(block);
+      return absl::OkStatus();
+    }
     RecordPendingEvents(block);
     if (block->pending_events == 0) MakeReusable(block);
     return absl::OkStatus();
@@ -346,18 +461,21 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size) {
 }
 
 void Engine::MakeReusable(Block* block) {
-  if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
-    trace_->Record(TraceAction::kFreeCompleted, block->address, block->size, block->stream(),
-                   block->context);
+  if (ABSL_PREDICT_FALSE(Tracing())) {
+    Trace(TraceAction::kFreeCompleted, block->address, block->requested_size, block->stream(),
+          block->context, block->owner());
   }
   UnlinkFromScope(block);
   const PoolKind pool = block->pool();
   stats_.active.Decrease(pool, 1);
   stats_.active_bytes.Decrease(pool, static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.Decrease(pool, static_cast<std::int64_t>(block->requested_size));
   block->state = BlockState::kFree;
   block->stream_uses.clear();
+  block->capture_stream_uses.clear();
   AddInactiveSplit(block);
   InsertMerged(block);
+  ApplyInactiveSplitChange(pool);
 }
 
 absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
@@ -381,154 +499,7 @@ absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
       address, device_name_));
 }
 
-// --- streams and events -----------------------------------------------------
-
-absl::Status Engine::RecordStream(void* ptr, StreamId stream) {
-  MutexLock lock(&mutex_);
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = blocks_.find(address);
-  if (it == blocks_.end()) return UnknownPointerError(address);
-  Block* block = it->second;
-  if (block->state != BlockState::kAllocated) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "torchmem: record_stream on %#x (%s), which is not allocated; record streams "
-        "before freeing",
-        address, device_name_));
-  }
-  if (stream == block->stream()) return absl::OkStatus();
-  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
-      block->stream_uses.end()) {
-    block->stream_uses.push_back(stream);
-  }
-  return absl::OkStatus();
-}
-
-void Engine::RecordPendingEvents(Block* block) {
-  for (StreamId stream : block->stream_uses) {
-    ++block->pending_events;
-    ++outstanding_events_;
-    absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
-    if (event.ok()) {
-      pending_events_[stream].push_back(PendingEvent{*event, block});
-    } else {
-      // The block must not be reused before that stream is done with it:
-      // keep it pending and try recording again later.
-      unrecorded_events_.emplace_back(stream, block);
-    }
-  }
-}
-
-void Engine::ProcessEvents() {
-  MutexLock lock(&mutex_);
-  ProcessEventsLocked();
-}
-
-void Engine::ProcessEventsLocked() {
-  if (!unrecorded_events_.empty()) {
-    std::vector<std::pair<StreamId, Block*>> retry;
-    retry.swap(unrecorded_events_);
-    for (auto [stream, block] : retry) {
-      absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
-      if (event.ok()) {
-        pending_events_[stream].push_back(PendingEvent{*event, block});
-      } else {
-        unrecorded_events_.emplace_back(stream, block);
-      }
-    }
-  }
-  for (auto& [stream, queue] : pending_events_) {
-    while (!queue.empty()) {
-      const PendingEvent pending = queue.front();
-      absl::StatusOr<bool> done = backend_->QueryEvent(pending.event);
-      // A failed query counts as "not yet": the block stays pending.
-      if (!done.ok() || !*done) break;
-      queue.pop_front();
-      backend_->ReleaseEvent(pending.event);
-      --outstanding_events_;
-      if (--pending.block->pending_events == 0) MakeReusable(pending.block);
-    }
-  }
-}
-
-absl::Status Engine::SynchronizeAllEvents() {
-  absl::Status first_error;
-  if (outstanding_events_ == 0) return first_error;
-  ++stats_.num_sync_all_streams;
-  for (auto& [stream, queue] : pending_events_) {
-    while (!queue.empty()) {
-      const PendingEvent pending = queue.front();
-      if (absl::Status synced = backend_->SynchronizeEvent(pending.event); !synced.ok()) {
-        if (first_error.ok()) {
-          first_error = absl::Status(
-              synced.code(),
-              absl::StrFormat("torchmem: could not wait for work on stream %#x on %s (its "
-                              "blocks stay pending): %s",
-                              stream, device_name_, synced.message()));
-        }
-        break;
-      }
-      queue.pop_front();
-      backend_->ReleaseEvent(pending.event);
-      --outstanding_events_;
-      if (--pending.block->pending_events == 0) MakeReusable(pending.block);
-    }
-  }
-  return first_error;
-}
-
-// --- cache management -------------------------------------------------------
-
-absl::Status Engine::EmptyCache() {
-  MutexLock lock(&mutex_);
-  ProcessEventsLocked();
-  return ReleaseFreeSegments();
-}
-
-absl::Status Engine::ReleaseFreeSegments() {
-  absl::Status first_error;
-  for (auto it = segments_.begin(); it != segments_.end();) {
-    Segment& segment = *it->second;
-    Block* block = segment.first;
-    if (block->state != BlockState::kFree || block->IsSplit()) {
-      ++it;
-      continue;
-    }
-    absl::Status released = backend_->ReleaseSegment(segment.address, segment.size);
-    if (!released.ok()) {
-      if (first_error.ok()) {
-        first_error = absl::Status(
-            released.code(), absl::StrFormat("torchmem: could not release the %s segment at %#x "
-                                             "on %s (it stays cached): %s",
-                                             FormatBytes(static_cast<std::int64_t>(segment.size)),
-                                             segment.address, device_name_, released.message()));
-      }
-      ++it;
-      continue;
-    }
-    segment.lists->Remove(block);
-    blocks_.erase(block->address);
-    DeleteBlock(block);
-    stats_.segment.Decrease(segment.pool, 1);
-    stats_.reserved_bytes.Decrease(segment.pool, static_cast<std::int64_t>(segment.size));
-    ++stats_.num_device_free;
-    if (ABSL_PREDICT_FALSE(trace_ != nullptr)) {
-      trace_->Record(TraceAction::kSegmentFree, segment.address, segment.size, segment.stream,
-                     kNoContext);
-    }
-    it = segments_.erase(it);
-  }
-  return first_error;
-}
-
-void Engine::SetTraceCapacity(std::size_t max_entries) {
-  MutexLock lock(&mutex_);
-  trace_ = max_entries == 0 ? nullptr : std::make_unique<TraceRing>(max_entries);
-}
-
-std::vector<TraceEntry> Engine::GetTrace() const {
-  MutexLock lock(&mutex_);
-  return trace_ == nullptr ? std::vector<TraceEntry>{} : trace_->Entries();
-}
+// --- settings ---------------------------------------------------------------
 
 void Engine::SetMemoryLimit(std::size_t bytes) {
   MutexLock lock(&mutex_);
@@ -558,9 +529,110 @@ std::size_t Engine::memory_limit() const {
   return memory_limit_;
 }
 
+absl::Status Engine::SetSizePolicy(SizePolicy policy) {
+  if (absl::Status valid = policy.Validate(); !valid.ok()) return valid;
+  MutexLock lock(&mutex_);
+  if (policy.min_block_size != policy_.min_block_size) {
+    return absl::InvalidArgumentError(
+        "torchmem: the rounding unit (min_block_size) of a live engine cannot change");
+  }
+  policy.Refresh();
+  policy_ = policy;
+  stats_.max_split_size =
+      policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size) : -1;
+  return absl::OkStatus();
+}
+
+void Engine::SetGarbageCollectionThreshold(double fraction) {
+  MutexLock lock(&mutex_);
+  gc_threshold_ = fraction;
+}
+
+SizePolicy Engine::policy() const {
+  MutexLock lock(&mutex_);
+  return policy_;
+}
+
+// --- tracing ----------------------------------------------------------------
+
+void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size,
+                   StreamId stream, ContextId context, const PrivatePool* pool,
+                   TraceLabel user_metadata) {
+  TraceEntry entry;
+  entry.action = action;
+  entry.address = address;
+  entry.size = size;
+  entry.stream = stream;
+  entry.context = context;
+  if (pool != nullptr) entry.pool = pool->id;
+  entry.time_us = TraceNowMicros();
+  entry.user_metadata = user_metadata != kNoTraceLabel ? user_metadata : TraceUserMetadata();
+  entry.compile_context = TraceCompileContext();
+  if (trace_listener_ != nullptr) trace_listener_(entry);
+  if (trace_ != nullptr && (trace_skip_mask_ >> static_cast<int>(action) & 1) == 0) {
+    trace_->Record(entry);
+  }
+}
+
+void Engine::SetTraceCapacity(std::size_t max_entries, bool clear) {
+  MutexLock lock(&mutex_);
+  if (max_entries == 0) {
+    trace_ = nullptr;
+    return;
+  }
+  std::vector<TraceEntry> kept;
+  if (!clear && trace_ != nullptr) kept = trace_->Entries();
+  trace_ = std::make_unique<TraceRing>(max_entries);
+  for (const TraceEntry& entry : kept) trace_->Record(entry);
+}
+
+void Engine::SetTraceSkipActions(std::uint32_t mask) {
+  MutexLock lock(&mutex_);
+  trace_skip_mask_ = mask;
+}
+
+void Engine::SetTraceFreeContext(bool capture_at_free) {
+  trace_free_context_.store(capture_at_free, std::memory_order_relaxed);
+}
+
+void Engine::SetTraceListener(TraceListener listener) {
+  MutexLock lock(&mutex_);
+  trace_listener_ = std::move(listener);
+}
+
+std::vector<TraceEntry> Engine::GetTrace() const {
+  MutexLock lock(&mutex_);
+  return trace_ == nullptr ? std::vector<TraceEntry>{} : trace_->Entries();
+}
+
+void Engine::RecordSnapshotEvent() {
+  MutexLock lock(&mutex_);
+  if (Tracing()) {
+    Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current),
+          0, kNoContext, nullptr);
+  }
+}
+
+absl::Status Engine::RecordAnnotation(const void* ptr, TraceLabel label) {
+  MutexLock lock(&mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = blocks_.find(address);
+  if (it == blocks_.end() || it->second->state != BlockState::kAllocated) {
+    return absl::NotFoundError(absl::StrFormat(
+        "torchmem: cannot annotate %#x: no allocated block starts there on %s", address,
+        device_name_));
+  }
+  if (Tracing()) {
+    const Block* block = it->second;
+    Trace(TraceAction::kAnnotate, address, block->requested_size, block->stream(), kNoContext,
+          block->owner(), label);
+  }
+  return absl::OkStatus();
+}
+
 // --- bookkeeping helpers ----------------------------------------------------
 
-Engine::StreamLists& Engine::ListsFor(StreamId stream) {
+StreamLists& Engine::ListsFor(StreamId stream) {
   if (ABSL_PREDICT_TRUE(last_stream_ != nullptr && last_stream_->stream == stream)) {
     return *last_stream_;
   }
@@ -568,6 +640,31 @@ Engine::StreamLists& Engine::ListsFor(StreamId stream) {
   if (inserted) it->second = std::make_unique<StreamLists>(stream, policy_.min_block_size);
   last_stream_ = it->second.get();
   return *last_stream_;
+}
+
+StreamLists& Engine::PoolListsFor(PrivatePool* pool, StreamId stream) {
+  auto [it, inserted] = pool->streams.try_emplace(stream, nullptr);
+  if (inserted) it->second = std::make_unique<StreamLists>(stream, policy_.min_block_size);
+  return *it->second;
+}
+
+void Engine::DropStreamListsIfEmpty(PrivatePool* owner, StreamId stream) {
+  auto& map = owner == nullptr ? streams_ : owner->streams;
+  auto it = map.find(stream);
+  if (it == map.end() || it->second->segments > 0) return;
+  if (last_stream_ == it->second.get()) last_stream_ = nullptr;
+  map.erase(it);
+}
+
+void Engine::ReleaseStreamListsIfUnused(Segment* segment) {
+  StreamLists* lists = segment->stream_lists;
+  if (--lists->segments > 0) return;
+  if (segment->owner != nullptr) {
+    segment->owner->streams.erase(lists->stream);
+    return;
+  }
+  if (last_stream_ == lists) last_stream_ = nullptr;
+  streams_.erase(lists->stream);
 }
 
 Block* Engine::NewBlock() {
@@ -633,14 +730,25 @@ void Engine::UnlinkFromScope(Block* block) {
 
 void Engine::AddInactiveSplit(const Block* block) {
   if (block->state != BlockState::kFree || !block->IsSplit()) return;
-  stats_.inactive_split.Increase(block->pool(), 1);
-  stats_.inactive_split_bytes.Increase(block->pool(), static_cast<std::int64_t>(block->size));
+  InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
+  change.blocks += 1;
+  change.bytes += static_cast<std::int64_t>(block->size);
 }
 
 void Engine::RemoveInactiveSplit(const Block* block) {
   if (block->state != BlockState::kFree || !block->IsSplit()) return;
-  stats_.inactive_split.Decrease(block->pool(), 1);
-  stats_.inactive_split_bytes.Decrease(block->pool(), static_cast<std::int64_t>(block->size));
+  InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
+  change.blocks -= 1;
+  change.bytes -= static_cast<std::int64_t>(block->size);
+}
+
+void Engine::ApplyInactiveSplitChange(PoolKind pool) {
+  InactiveSplitChange& change = inactive_split_change_[static_cast<int>(pool)];
+  if (change.blocks > 0) stats_.inactive_split.Increase(pool, change.blocks);
+  if (change.blocks < 0) stats_.inactive_split.Decrease(pool, -change.blocks);
+  if (change.bytes > 0) stats_.inactive_split_bytes.Increase(pool, change.bytes);
+  if (change.bytes < 0) stats_.inactive_split_bytes.Decrease(pool, -change.bytes);
+  change = {};
 }
 
 BlockInfo Engine::DescribeBlock(const Block& block) {

@@ -7,6 +7,17 @@
 //   block       a piece of a segment: allocated, free (cached), or pending
 //               (freed, but other streams may still use it).
 //   pool        small (rounded size <= 1 MiB, 2 MiB segments) or large.
+//   private pool  a set of segments reserved for a CUDA graph or a
+//               torch.cuda.MemPool, named by PyTorch's MempoolId pair
+//               (PoolId). Allocations are routed to one while a route is
+//               open for it (BeginAllocateToPool: a filter on the stream, as
+//               PyTorch decides); its blocks serve only those allocations and
+//               its segments are released only after the last user released
+//               it (ReleasePool) and they are free.
+//   capture     a CUDA graph capture. While one is underway (or a route is
+//               open) no event is recorded or queried (CUDA forbids it on a
+//               capturing stream) and blocks used on other streams stay
+//               pending until it ends.
 //   stream      blocks are cached per stream; a block freed on one stream is
 //               reused only on that stream.
 //   tag         a name charged with the bytes allocated while it is innermost
@@ -20,18 +31,24 @@
 //   - every byte of every segment lies in exactly one block;
 //   - no free block has a free neighbour (they merge when freed);
 //   - each free block is indexed exactly once, allocated/pending ones never;
-//   - every statistic equals a recount of the blocks;
-//   - per-tag and per-scope counters equal a recount.
+//   - every statistic equals a recount of the blocks, also per private pool;
+//   - a private pool's blocks are indexed only in that pool's free lists;
+//   - per-tag and per-scope counters equal a recount;
+//   - the per-stream event table holds no empty queue.
 //
 // Thread safety: every public method may be called from any thread. One
-// mutex guards the engine; the backend is called under it; the capture hook
-// and the out-of-memory retry hook are called without it.
+// mutex guards the engine; the backend, the routes' filters and the trace
+// listener are called under it; the capture hook and the out-of-memory retry
+// hook are called without it.
 #ifndef TORCHMEM_CORE_ENGINE_H_
 #define TORCHMEM_CORE_ENGINE_H_
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,13 +56,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "torchmem/core/mutex.h"
 #include "torchmem/core/attribution.h"
 #include "torchmem/core/backend.h"
 #include "torchmem/core/block.h"
 #include "torchmem/core/free_lists.h"
+#include "torchmem/core/mutex.h"
 #include "torchmem/core/reports.h"
 #include "torchmem/core/size_policy.h"
 #include "torchmem/core/stats.h"
@@ -57,7 +75,20 @@ struct EngineOptions {
   SizePolicy policy = SizePolicy::PyTorchDefault();
   // Largest total of segments the engine may hold; 0 means no limit.
   std::size_t memory_limit_bytes = 0;
+  // PyTorch's garbage_collection_threshold: when a new segment is needed and
+  // reserved memory exceeds this fraction of the memory limit, free cached
+  // unsplit large blocks, oldest first. 0 (or no limit): off.
+  double garbage_collection_threshold = 0.0;
 };
+
+// Chooses whether an allocation on `stream` goes to a route's private pool
+// (PyTorch's filter: "is this stream capturing into my graph", "is this my
+// thread"). Called under the engine's lock: it must not call into the engine.
+using PoolFilter = std::function<bool(StreamId stream)>;
+
+// Called under the engine's lock for every trace event while set (PyTorch's
+// AllocatorTraceTracker): it must not call into the engine.
+using TraceListener = std::function<void(const TraceEntry& entry)>;
 
 // Called without the engine's lock when an allocation is about to fail for
 // lack of memory; returns true if it may have freed memory (e.g. it ran
@@ -70,6 +101,28 @@ struct ScopeBlocks {
   ScopeId scope = kNoScope;
   Block* head = nullptr;
   std::int64_t blocks = 0;
+};
+
+// The free lists of one stream (per pool kind), in the default pool or a
+// private pool; also counts the segments indexed in them, so that lists of
+// streams that hold no segment any more are dropped.
+struct StreamLists {
+  StreamLists(StreamId id, std::size_t unit) : stream(id), pools{FreeLists(unit), FreeLists(unit)} {}
+  StreamId stream = 0;
+  FreeLists pools[kNumPools];
+  std::int64_t segments = 0;
+};
+
+// A private pool (see the glossary).
+struct PrivatePool {
+  PoolId id;
+  int use_count = 1;    // users holding it (graphs, MemPools, open routes)
+  bool freeable = false;  // use_count reached 0: its free segments may be released
+  bool no_split = false;  // PyTorch's MemPool(no_split=True): never split its blocks
+  bool use_on_oom = false;  // MemPool(use_on_oom=True): default-pool allocations may
+                            // take its free blocks before failing
+  std::int64_t segments = 0;
+  absl::flat_hash_map<StreamId, std::unique_ptr<StreamLists>> streams;
 };
 
 class Engine {
@@ -90,8 +143,9 @@ class Engine {
   // kMaxRequestBytes), ResourceExhausted (out of memory; the message says
   // what was requested, the limit, reserved, allocated, the largest free
   // block, the top tags and what to try), FailedPrecondition (the backend
-  // forbids new segments now, e.g. during CUDA graph capture), or a backend
-  // error. Nothing changes on error.
+  // forbids new segments now), or a backend error. Nothing changes on error.
+  // While routes are open (BeginAllocateToPool), the newest route whose
+  // filter accepts `stream` receives the allocation in its private pool.
   absl::StatusOr<void*> Allocate(std::size_t size, StreamId stream = 0);
 
   // Frees a block returned by Allocate. Errors (nothing changes): NotFound
@@ -101,6 +155,9 @@ class Engine {
   // As Free, and checks that `requested_size` is the size the block was
   // allocated with (InvalidArgument otherwise).
   absl::Status FreeSized(void* ptr, std::size_t requested_size);
+  // As Free, for callers that try several engines: false (and no error
+  // message built) if no block of this engine starts at `ptr`.
+  absl::StatusOr<bool> FreeIfOwned(void* ptr);
 
   // Marks an allocated block as used by `stream` (PyTorch's record_stream):
   // after it is freed, it is reused only once work queued on `stream` up to
@@ -108,16 +165,61 @@ class Engine {
   absl::Status RecordStream(void* ptr, StreamId stream);
 
   // Checks pending blocks' events and caches the blocks whose events all
-  // completed.
+  // completed (nothing while a capture is underway). A query that fails
+  // (rather than "not ready") is counted, warned about once, and the event
+  // synchronized, so that no error pins a stream's blocks forever.
   void ProcessEvents();
 
-  // Merges cached blocks, then returns every fully free segment to the
-  // backend. Returns the first backend error, after trying every segment.
-  absl::Status EmptyCache();
+  // Returns cached memory to the backend, as PyTorch's emptyCache(pool):
+  //   - kDefaultPool: waits for every pending block's events (so freed
+  //     blocks become free), then releases every fully free segment of the
+  //     default pool and of released private pools; while a capture is
+  //     underway, only those of released private pools (no waiting);
+  //   - a private pool: the same for that pool only, if it was released.
+  // Returns the first backend error, after trying every segment.
+  absl::Status EmptyCache(PoolId pool = kDefaultPool);
+
+  // --- Private pools (CUDA graphs, MemPool; see the glossary) --------------
+
+  // Creates `pool` with one user, or adds a user (PyTorch's
+  // createOrIncrefPool). FailedPrecondition for a pool already released.
+  absl::Status CreateOrIncrefPool(PoolId pool);
+  // Opens a route to `pool` (created or incref'd as above): allocations on
+  // streams `filter` accepts go to it until EndAllocateToPool. Routes are
+  // searched newest first. FailedPrecondition if a route to it is open.
+  absl::Status BeginAllocateToPool(PoolId pool, PoolFilter filter);
+  absl::Status EndAllocateToPool(PoolId pool);
+  // Drops one user; at zero the pool's free segments become releasable and
+  // the pool disappears once it holds no segment.
+  absl::Status ReleasePool(PoolId pool);
+  absl::StatusOr<int> PoolUseCount(PoolId pool) const;
+  absl::Status SetPoolNoSplit(PoolId pool);
+  absl::Status SetPoolUseOnOom(PoolId pool, bool use_on_oom);
+  // Whether the allocated blocks of `pool` are exactly `expected` (PyTorch's
+  // checkPoolLiveAllocations, which cudagraph trees use).
+  absl::StatusOr<bool> CheckPoolLiveAllocations(
+      PoolId pool, const absl::flat_hash_set<std::uintptr_t>& expected) const;
+  // PyTorch's markCaptureBegin/End: a stream capture started/ended.
+  void MarkCaptureBegin();
+  void MarkCaptureEnd();
+  bool CaptureUnderway() const;
+
+  // The layout of `pool` now. FailedPrecondition while any of its blocks
+  // waits on events.
+  absl::StatusOr<PoolCheckpoint> GetPoolCheckpoint(PoolId pool);
+  // Brings `pool` back to `checkpoint`: frees its allocated blocks, then
+  // re-creates the checkpoint's live blocks at their addresses (charged to
+  // the calling thread's tag and scope). Every segment of the checkpoint
+  // must still belong to the pool.
+  absl::StatusOr<CheckpointRestore> RestorePoolCheckpoint(const PoolCheckpoint& checkpoint);
 
   // Limits the sum of segment sizes (0 removes the limit). A limit below the
   // bytes already reserved only stops growth.
   void SetMemoryLimit(std::size_t bytes);
+  // Adopts a new size policy (PYTORCH_CUDA_ALLOC_CONF changed); existing
+  // blocks keep their sizes. InvalidArgument if it does not Validate().
+  absl::Status SetSizePolicy(SizePolicy policy);
+  void SetGarbageCollectionThreshold(double fraction);
   // Limit as a fraction in (0, 1] of the backend's capacity.
   absl::Status SetMemoryFraction(double fraction);
   std::size_t memory_limit() const;
@@ -137,8 +239,15 @@ class Engine {
   // The segment containing `ptr` (NotFound if none): PyTorch's
   // getBaseAllocation, used to share memory between processes.
   absl::StatusOr<SegmentInfo> SegmentContaining(const void* ptr) const;
+  // The segments of `pool` only (kDefaultPool: every segment, as GetSegments).
+  std::vector<SegmentInfo> GetSegments(PoolId pool) const;
   // Blocks currently allocated (not pending), in allocation order.
   std::vector<BlockInfo> GetAllocatedBlocks() const;
+  // The largest free cached block (PyTorch's cacheInfo), 0 if none.
+  std::size_t LargestCachedBlock() const;
+  EventHealth GetEventHealth() const;
+  // Bytes of free cached blocks in private pools (for out-of-memory reports).
+  std::int64_t PrivatePoolFreeBytes() const;
 
   // Hands over the survivors of a scope that is closing: blocks allocated
   // under `scope` (or under a scope nested in it) that are still allocated
@@ -150,11 +259,25 @@ class Engine {
   absl::Status CheckInvariants() const;
 
   // Keeps the last `max_entries` events (alloc, free, segment, oom) in a
-  // ring; 0 turns recording off and drops the history.
-  void SetTraceCapacity(std::size_t max_entries);
+  // ring; 0 turns recording off and drops the history. A new capacity keeps
+  // the entries recorded so far unless `clear`.
+  void SetTraceCapacity(std::size_t max_entries, bool clear = true);
+  // Actions not to record (bit i: TraceAction i), PyTorch's skip_actions.
+  void SetTraceSkipActions(std::uint32_t mask);
+  // Whether free_requested entries carry the context of the freeing code
+  // (captured at the free) instead of the allocation's (PyTorch's
+  // context="all").
+  void SetTraceFreeContext(bool capture_at_free);
+  void SetTraceListener(TraceListener listener);
   std::vector<TraceEntry> GetTrace() const;
+  // Records a kSnapshot entry (PyTorch's snapshot marker).
+  void RecordSnapshotEvent();
+  // Records a kAnnotate entry attaching `label` to the allocated block at
+  // `ptr` (PyTorch's annotateMemory); NotFound if no allocated block starts
+  // there. Nothing is recorded while tracing is off.
+  absl::Status RecordAnnotation(const void* ptr, TraceLabel label);
 
-  const SizePolicy& policy() const { return policy_; }
+  SizePolicy policy() const;
 
   // fork() support (see fork_safety.cc): hold / release the engine's lock
   // around fork() so the child never inherits it held by a thread that does
@@ -164,11 +287,9 @@ class Engine {
   std::string DeviceName() const { return device_name_; }
 
  private:
-  struct StreamLists {
-    explicit StreamLists(StreamId id, std::size_t unit)
-        : stream(id), pools{FreeLists(unit), FreeLists(unit)} {}
-    StreamId stream = 0;
-    FreeLists pools[kNumPools];
+  struct Route {
+    PoolId pool;
+    PoolFilter filter;
   };
   struct TagCounters {
     std::int64_t current_bytes = 0;
@@ -187,24 +308,74 @@ class Engine {
   absl::StatusOr<Block*> AllocateLocked(std::size_t size, StreamId stream,
                                         const Attribution& attribution, ContextId context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::StatusOr<Block*> NewSegment(std::size_t rounded_size, PoolKind pool, StreamId stream)
+  // The private pool of the newest open route accepting `stream`, or nullptr.
+  PrivatePool* RouteFor(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Best fit among `lists`' blocks for `rounded`, within PyTorch's oversize
+  // rules; removed from the index. nullptr if none.
+  Block* TakeCachedBlock(FreeLists& lists, std::size_t rounded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // A new segment, or a cached block of a use_on_oom pool, after the
+  // out-of-memory ladder (release oversize blocks, then everything
+  // releasable) if the backend is out of memory.
+  absl::StatusOr<Block*> NewSegment(std::size_t rounded_size, PoolKind pool, StreamId stream,
+                                    PrivatePool* owner, ContextId context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<std::uintptr_t> BackendAllocate(std::size_t segment_size, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  Block* TakeFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Releases unsplit oversize free blocks of `lists` until `needed` bytes
+  // came back (PyTorch's release_available_cached_blocks).
+  bool ReleaseOversizeBlocks(FreeLists& lists, std::size_t needed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void CollectGarbage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void SplitBlock(Block* block, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void InsertMerged(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void AbsorbNeighbour(Block* block, Block* neighbour) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void MarkAllocated(Block* block, std::size_t requested, const Attribution& attribution,
                      ContextId context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::Status FreeLocked(void* ptr, const std::size_t* requested_size)
+  absl::Status FreeLocked(void* ptr, const std::size_t* requested_size, ContextId free_context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void MakeReusable(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RecordPendingEvents(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Waits for every pending event; returns the first failure (the blocks
-  // of that stream stay pending).
-  absl::Status SynchronizeAllEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::Status ReleaseFreeSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Records the events of blocks freed during a capture, now that none is.
+  void RecordDeferredEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void RetryUnrecordedEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool CaptureUnderwayLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    // Either signal counts: PyTorch marks actual stream captures
+    // (markCaptureBegin) and routes allocations to a graph's pool for the
+    // capture's whole span (beginAllocateToPool); older versions only route.
+    return marked_captures_ > 0 || !routes_.empty();
+  }
+  // An event's block is done waiting for it.
+  void CompleteEvent(EventId event, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Handles a failed query of `event` on `stream`: counts it, warns once,
+  // waits for the event; returns whether the event may count as complete.
+  bool HandleEventQueryError(StreamId stream, EventId event, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Waits for every pending event (of `only`'s blocks, if given); returns the
+  // first failure (the blocks of that stream stay pending).
+  absl::Status SynchronizeAllEvents(const PrivatePool* only = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Releases fully free segments: of the default pool (if `default_pool`) and
+  // of released private pools (all of them, or only `only`); deletes
+  // released pools left without segments.
+  absl::Status ReleaseFreeSegments(bool default_pool, const PrivatePool* only = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status ReleaseSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void DeletePoolIfEmpty(PrivatePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status EmptyCacheLocked(PoolId pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<PrivatePool*> FindPool(PoolId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  PrivatePool* CreateOrIncrefPoolLocked(PoolId id, absl::Status* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // `user_metadata`: the entry's label; by default the process-wide one.
+  void Trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
+             ContextId context, const PrivatePool* pool,
+             TraceLabel user_metadata = kNoTraceLabel) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool Tracing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return trace_ != nullptr || trace_listener_ != nullptr;
+  }
   std::string OutOfMemoryMessage(std::size_t size, std::size_t rounded,
                                  const absl::Status& cause) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -212,41 +383,86 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   StreamLists& ListsFor(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  StreamLists& PoolListsFor(PrivatePool* pool, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Drops the lists of `segment` (which is being released) if no other
+  // segment uses them.
+  void ReleaseStreamListsIfUnused(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Drops the lists of (owner, stream) if they hold no segment.
+  void DropStreamListsIfEmpty(PrivatePool* owner, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void DeleteBlock(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   TagCounters& CountersFor(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   ScopeBlocks* ScopeListFor(ScopeId scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static void LinkToScope(Block* block, ScopeBlocks* list);
   static void UnlinkFromScope(Block* block);
-  // Bytes a block contributes to inactive_split_bytes: free in a split segment.
+  // Bytes a block contributes to inactive_split_bytes: free in a split
+  // segment. Changes are collected during one allocation or one free and
+  // applied as a net change by ApplyInactiveSplitChange, as PyTorch does
+  // (free_block, alloc_found_block), so that inactive_split's allocated,
+  // freed and peak counters are PyTorch's, not only its current value.
   void AddInactiveSplit(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RemoveInactiveSplit(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // One operation changes one pool's blocks: `pool`.
+  void ApplyInactiveSplitChange(PoolKind pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static BlockInfo DescribeBlock(const Block& block);
+  SegmentInfo DescribeSegment(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::int64_t LargestFreeExtentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const std::unique_ptr<Backend> backend_;
-  const SizePolicy policy_;
   const std::string device_name_;
 
   mutable Mutex mutex_;
+  SizePolicy policy_ ABSL_GUARDED_BY(mutex_);
   std::size_t memory_limit_ ABSL_GUARDED_BY(mutex_) = 0;
+  double gc_threshold_ ABSL_GUARDED_BY(mutex_) = 0.0;
+  // Lookups in the default pool's large lists, the clock of garbage
+  // collection ages (counted only while a threshold is set).
+  std::uint64_t gc_clock_ ABSL_GUARDED_BY(mutex_) = 0;
   MemoryStats stats_ ABSL_GUARDED_BY(mutex_);
+  // The context segment_free entries carry while EmptyCache runs (else each
+  // segment's allocation context).
+  ContextId segment_free_context_ ABSL_GUARDED_BY(mutex_) = kNoContext;
+  // Per pool: the inactive-split (blocks, bytes) change of the operation
+  // under way, not yet in stats_ (see AddInactiveSplit). Zero between
+  // operations.
+  struct InactiveSplitChange {
+    std::int64_t blocks = 0;
+    std::int64_t bytes = 0;
+  };
+  std::array<InactiveSplitChange, kNumPools> inactive_split_change_ ABSL_GUARDED_BY(mutex_);
   std::uint64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
   std::uint64_t next_segment_registration_ ABSL_GUARDED_BY(mutex_) = 1;
   std::unique_ptr<TraceRing> trace_ ABSL_GUARDED_BY(mutex_);
+  std::uint32_t trace_skip_mask_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::atomic<bool> trace_free_context_{false};
+  TraceListener trace_listener_ ABSL_GUARDED_BY(mutex_);
+
+  // Private pools by id, open routes (newest last), stream captures marked.
+  absl::flat_hash_map<PoolId, std::unique_ptr<PrivatePool>> private_pools_
+      ABSL_GUARDED_BY(mutex_);
+  std::vector<Route> routes_ ABSL_GUARDED_BY(mutex_);
+  int marked_captures_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Blocks freed during a capture with other-stream uses: pending, no event.
+  std::vector<Block*> deferred_until_no_capture_ ABSL_GUARDED_BY(mutex_);
 
   // Every block of every segment, free or not, by address.
   absl::flat_hash_map<std::uintptr_t, Block*> blocks_ ABSL_GUARDED_BY(mutex_);
   // Segments by address (ordered, to find the segment around a pointer).
   absl::btree_map<std::uintptr_t, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mutex_);
+  // The default pool's free lists, by stream.
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamLists>> streams_ ABSL_GUARDED_BY(mutex_);
   StreamLists* last_stream_ ABSL_GUARDED_BY(mutex_) = nullptr;
 
-  // Events recorded for pending blocks, FIFO per stream that used them.
+  // Events recorded for pending blocks, FIFO per stream that used them; a
+  // stream's entry is erased when its queue empties.
   absl::flat_hash_map<StreamId, std::deque<PendingEvent>> pending_events_ ABSL_GUARDED_BY(mutex_);
   // Streams whose event could not be recorded yet (backend error): retried.
   std::vector<std::pair<StreamId, Block*>> unrecorded_events_ ABSL_GUARDED_BY(mutex_);
   std::size_t outstanding_events_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::int64_t event_query_errors_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::int64_t event_sync_errors_ ABSL_GUARDED_BY(mutex_) = 0;
 
   std::vector<TagCounters> tags_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<ScopeId, std::unique_ptr<ScopeBlocks>> scopes_ ABSL_GUARDED_BY(mutex_);

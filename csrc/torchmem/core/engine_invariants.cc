@@ -17,6 +17,12 @@ absl::Status Violation(const std::string& what) {
 
 struct Recount {
   MemoryStats stats;
+  absl::flat_hash_map<const PrivatePool*, std::int64_t> pool_segments;
+  absl::flat_hash_map<const PrivatePool*, std::int64_t> pool_reserved;
+  absl::flat_hash_map<const StreamLists*, std::int64_t> lists_segments;
+  std::int64_t oversize_allocations = 0;
+  std::int64_t oversize_segments = 0;
+  std::size_t deferred = 0;
   absl::flat_hash_map<TagId, std::array<std::int64_t, 3>> tags;  // bytes, requested, blocks
   absl::flat_hash_map<const ScopeBlocks*, std::int64_t> scope_blocks;
   std::size_t blocks = 0;
@@ -63,12 +69,52 @@ const char* IndexName(FreeIndex index) {
 
 absl::Status Engine::CheckInvariants() const {
   MutexLock lock(&mutex_);
+  for (const InactiveSplitChange& change : inactive_split_change_) {
+    if (change.blocks != 0 || change.bytes != 0) {
+      return Violation("an inactive-split change was left unapplied after an operation");
+    }
+  }
   Recount recount;
+  absl::flat_hash_set<const PrivatePool*> live_pools;
+  for (const auto& [id, pool] : private_pools_) {
+    if (!(pool->id == id)) return Violation("a private pool is keyed under another id");
+    if (pool->use_count < 0 || (pool->use_count == 0) != pool->freeable) {
+      return Violation(absl::StrFormat("private pool (%d, %d) has %d users but freeable=%d",
+                                       id.first, id.second, pool->use_count, pool->freeable));
+    }
+    live_pools.insert(pool.get());
+  }
+  for (const Route& route : routes_) {
+    if (!private_pools_.contains(route.pool)) return Violation("a route names no private pool");
+  }
+  absl::flat_hash_set<const Block*> deferred(deferred_until_no_capture_.begin(),
+                                             deferred_until_no_capture_.end());
+  if (deferred.size() != deferred_until_no_capture_.size()) {
+    return Violation("a block is deferred twice");
+  }
   for (const auto& [address, segment_ptr] : segments_) {
     const Segment& segment = *segment_ptr;
     const PoolKind pool = segment.pool;
     recount.stats.segment.Increase(pool, 1);
     recount.stats.reserved_bytes.Increase(pool, static_cast<std::int64_t>(segment.size));
+    if (segment.owner != nullptr) {
+      if (!live_pools.contains(segment.owner)) {
+        return Violation(absl::StrFormat("segment %#x belongs to a private pool the engine "
+                                         "does not know", address));
+      }
+      ++recount.pool_segments[segment.owner];
+      recount.pool_reserved[segment.owner] += static_cast<std::int64_t>(segment.size);
+    }
+    // The segment's free lists belong to its own pool (and stream).
+    const auto& stream_map = segment.owner == nullptr ? streams_ : segment.owner->streams;
+    auto lists = stream_map.find(segment.stream);
+    if (lists == stream_map.end() || lists->second.get() != segment.stream_lists ||
+        segment.lists != &segment.stream_lists->pools[static_cast<int>(pool)]) {
+      return Violation(absl::StrFormat(
+          "segment %#x is indexed in free lists of another pool or stream", address));
+    }
+    ++recount.lists_segments[segment.stream_lists];
+    if (segment.counted_oversize) ++recount.oversize_segments;
     if (address != segment.address) return Violation("segment keyed under a wrong address");
     if (segment.first == nullptr || segment.first->prev != nullptr) {
       return Violation(absl::StrFormat("segment %#x has a bad first block", address));
@@ -105,6 +151,7 @@ absl::Status Engine::CheckInvariants() const {
                                                  static_cast<std::int64_t>(block->requested_size));
           recount.stats.active.Increase(pool, 1);
           recount.stats.active_bytes.Increase(pool, bytes);
+          if (block->counted_oversize) ++recount.oversize_allocations;
           auto& tag = recount.tags[block->tag];
           tag[0] += bytes;
           tag[1] += static_cast<std::int64_t>(block->requested_size);
@@ -112,12 +159,23 @@ absl::Status Engine::CheckInvariants() const {
           break;
         }
         case BlockState::kPendingFree:
-          if (block->index != FreeIndex::kNone || block->pending_events <= 0) {
-            return Violation(absl::StrFormat("pending block %#x is indexed or has no events",
-                                             block->address));
+          if (block->index != FreeIndex::kNone) {
+            return Violation(absl::StrFormat("pending block %#x is indexed", block->address));
+          }
+          if (deferred.contains(block)) {
+            ++recount.deferred;
+            if (block->pending_events != 0) {
+              return Violation(absl::StrFormat("deferred block %#x already has events",
+                                               block->address));
+            }
+          } else if (block->pending_events <= 0) {
+            return Violation(absl::StrFormat("pending block %#x has no events and is not "
+                                             "deferred", block->address));
           }
           recount.stats.active.Increase(pool, 1);
           recount.stats.active_bytes.Increase(pool, bytes);
+          recount.stats.requested_bytes.Increase(pool,
+                                                 static_cast<std::int64_t>(block->requested_size));
           recount.pending_events += static_cast<std::size_t>(block->pending_events);
           break;
         case BlockState::kFree: {
@@ -154,31 +212,85 @@ absl::Status Engine::CheckInvariants() const {
                                      blocks_.size(), recount.blocks));
   }
 
-  // Every indexed block is free, belongs to these lists, and is counted once.
+  if (recount.deferred != deferred.size()) {
+    return Violation(absl::StrFormat("%d blocks deferred, %d of them pending", deferred.size(),
+                                     recount.deferred));
+  }
+
+  // Every indexed block is free, belongs to these lists (so to the lists'
+  // private pool), and is counted once; every stream's lists hold segments.
   std::size_t indexed = 0;
   absl::flat_hash_set<const Block*> seen;
-  for (const auto& [stream, lists] : streams_) {
-    for (int pool = 0; pool < kNumPools; ++pool) {
-      const FreeLists& free_lists = lists->pools[pool];
-      absl::Status status;
-      free_lists.ForEachFree([&](const Block* block) {
-        ++indexed;
-        if (!status.ok()) return;
-        if (!seen.insert(block).second) {
-          status = Violation(absl::StrFormat("block %#x is indexed twice", block->address));
-        } else if (block->state != BlockState::kFree || block->segment->lists != &free_lists) {
-          status = Violation(absl::StrFormat(
-              "block %#x is indexed in the free lists of another stream/pool or is not free",
-              block->address));
-        }
-      });
-      if (!status.ok()) return status;
-      if (const Block* misplaced = free_lists.FindMisplaced()) {
+  auto check_lists = [&](const PrivatePool* owner,
+                         const absl::flat_hash_map<StreamId, std::unique_ptr<StreamLists>>& map)
+      -> absl::Status {
+    for (const auto& [stream, lists] : map) {
+      auto counted = recount.lists_segments.find(lists.get());
+      const std::int64_t segments = counted == recount.lists_segments.end() ? 0 : counted->second;
+      if (segments == 0 || segments != lists->segments) {
         return Violation(absl::StrFormat(
-            "free block %#x (%d bytes) is out of best-fit order in its size class list",
-            misplaced->address, misplaced->size));
+            "the free lists of stream %#x count %d segments, %d use them", stream, lists->segments,
+            segments));
+      }
+      for (int pool = 0; pool < kNumPools; ++pool) {
+        const FreeLists& free_lists = lists->pools[pool];
+        absl::Status status;
+        free_lists.ForEachFree([&](const Block* block) {
+          ++indexed;
+          if (!status.ok()) return;
+          if (!seen.insert(block).second) {
+            status = Violation(absl::StrFormat("block %#x is indexed twice", block->address));
+          } else if (block->owner() != owner) {
+            status = Violation(absl::StrFormat(
+                "block %#x of one pool is indexed in another pool's free lists", block->address));
+          } else if (block->state != BlockState::kFree || block->segment->lists != &free_lists) {
+            status = Violation(absl::StrFormat(
+                "block %#x is indexed in the free lists of another stream/pool or is not free",
+                block->address));
+          }
+        });
+        if (!status.ok()) return status;
+        if (const Block* misplaced = free_lists.FindMisplaced()) {
+          return Violation(absl::StrFormat(
+              "free block %#x (%d bytes) is out of best-fit order in its size class list",
+              misplaced->address, misplaced->size));
+        }
       }
     }
+    return absl::OkStatus();
+  };
+  if (absl::Status status = check_lists(nullptr, streams_); !status.ok()) return status;
+  for (const auto& [id, pool] : private_pools_) {
+    if (absl::Status status = check_lists(pool.get(), pool->streams); !status.ok()) return status;
+    auto segments = recount.pool_segments.find(pool.get());
+    const std::int64_t counted = segments == recount.pool_segments.end() ? 0 : segments->second;
+    if (counted != pool->segments) {
+      return Violation(absl::StrFormat("private pool (%d, %d) counts %d segments, holds %d",
+                                       id.first, id.second, pool->segments, counted));
+    }
+    auto reserved = recount.pool_reserved.find(pool.get());
+    const std::int64_t bytes = reserved == recount.pool_reserved.end() ? 0 : reserved->second;
+    auto stat = stats_.reserved_bytes_by_private_pools.find({id.first, id.second});
+    const std::int64_t stated =
+        stat == stats_.reserved_bytes_by_private_pools.end() ? 0 : stat->second.all().current;
+    if (stated != bytes) {
+      return Violation(absl::StrFormat(
+          "reserved_bytes_by_private_pools of (%d, %d) is %d, its segments hold %d", id.first,
+          id.second, stated, bytes));
+    }
+  }
+  for (const auto& [id, stat] : stats_.reserved_bytes_by_private_pools) {
+    if (!private_pools_.contains(PoolId{id.first, id.second}) && stat.all().current != 0) {
+      return Violation(absl::StrFormat("deleted private pool (%d, %d) still reserves %d bytes",
+                                       id.first, id.second, stat.all().current));
+    }
+  }
+  if (stats_.oversize_allocations.current != recount.oversize_allocations ||
+      stats_.oversize_segments.current != recount.oversize_segments) {
+    return Violation(absl::StrFormat(
+        "oversize allocations/segments are %d/%d, recount gives %d/%d",
+        stats_.oversize_allocations.current, stats_.oversize_segments.current,
+        recount.oversize_allocations, recount.oversize_segments));
   }
   if (indexed != recount.free_blocks) {
     return Violation(absl::StrFormat("%d free blocks but %d indexed", recount.free_blocks, indexed));
@@ -246,7 +358,13 @@ absl::Status Engine::CheckInvariants() const {
   }
 
   std::size_t queued = unrecorded_events_.size();
-  for (const auto& [stream, queue] : pending_events_) queued += queue.size();
+  for (const auto& [stream, queue] : pending_events_) {
+    if (queue.empty()) {
+      return Violation(absl::StrFormat("the event table keeps an empty queue for stream %#x",
+                                       stream));
+    }
+    queued += queue.size();
+  }
   if (queued != outstanding_events_ || queued != recount.pending_events) {
     return Violation(absl::StrFormat(
         "%d events queued, %d outstanding, pending blocks wait on %d", queued,

@@ -26,8 +26,11 @@ class FreeSpaceCounter {
     stats_->internal_waste_bytes +=
         static_cast<std::int64_t>(block.size) - static_cast<std::int64_t>(block.requested_size);
   }
+  // Pending blocks keep their requested bytes until they are free, as
+  // requested_bytes does in PyTorch's statistics.
   void AddPending(const Block& block) {
     stats_->pending_free_bytes += static_cast<std::int64_t>(block.size);
+    stats_->requested_bytes += static_cast<std::int64_t>(block.requested_size);
   }
   void AddExtent(std::int64_t bytes, bool segment_has_live_blocks) {
     stats_->free_bytes += bytes;
@@ -148,22 +151,57 @@ FragmentationReport Engine::GetFragmentation() const {
   return report;
 }
 
-std::vector<SegmentInfo> Engine::GetSegments() const {
+SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
+  SegmentInfo info;
+  info.address = segment.address;
+  info.size = segment.size;
+  info.pool = segment.pool;
+  info.stream = segment.stream;
+  if (segment.owner != nullptr) info.owner = segment.owner->id;
+  info.registration = segment.registration;
+  info.context = segment.context;
+  for (const Block* block = segment.first; block != nullptr; block = block->next) {
+    info.blocks.push_back(DescribeBlock(*block));
+  }
+  return info;
+}
+
+std::vector<SegmentInfo> Engine::GetSegments() const { return GetSegments(kDefaultPool); }
+
+std::vector<SegmentInfo> Engine::GetSegments(PoolId pool) const {
   MutexLock lock(&mutex_);
   std::vector<SegmentInfo> segments;
   segments.reserve(segments_.size());
   for (const auto& [address, segment] : segments_) {
-    SegmentInfo info;
-    info.address = segment->address;
-    info.size = segment->size;
-    info.pool = segment->pool;
-    info.stream = segment->stream;
-    for (const Block* block = segment->first; block != nullptr; block = block->next) {
-      info.blocks.push_back(DescribeBlock(*block));
+    if (!pool.IsDefault() && (segment->owner == nullptr || !(segment->owner->id == pool))) {
+      continue;
     }
-    segments.push_back(std::move(info));
+    segments.push_back(DescribeSegment(*segment));
   }
   return segments;
+}
+
+std::size_t Engine::LargestCachedBlock() const {
+  MutexLock lock(&mutex_);
+  std::size_t largest = 0;
+  for (const auto& [address, segment] : segments_) {
+    for (const Block* block = segment->first; block != nullptr; block = block->next) {
+      if (block->state == BlockState::kFree) largest = std::max(largest, block->size);
+    }
+  }
+  return largest;
+}
+
+std::int64_t Engine::PrivatePoolFreeBytes() const {
+  MutexLock lock(&mutex_);
+  std::int64_t bytes = 0;
+  for (const auto& [address, segment] : segments_) {
+    if (segment->owner == nullptr) continue;
+    for (const Block* block = segment->first; block != nullptr; block = block->next) {
+      if (block->state == BlockState::kFree) bytes += static_cast<std::int64_t>(block->size);
+    }
+  }
+  return bytes;
 }
 
 absl::StatusOr<BlockInfo> Engine::GetBlock(const void* ptr) const {
@@ -189,6 +227,9 @@ absl::StatusOr<SegmentInfo> Engine::SegmentContaining(const void* ptr) const {
       info.size = segment.size;
       info.pool = segment.pool;
       info.stream = segment.stream;
+      if (segment.owner != nullptr) info.owner = segment.owner->id;
+      info.registration = segment.registration;
+      info.context = segment.context;
       return info;
     }
   }

@@ -32,7 +32,45 @@ struct SegmentInfo {
   std::size_t size = 0;
   PoolKind pool = PoolKind::kSmall;
   StreamId stream = 0;
-  std::vector<BlockInfo> blocks;  // in address order, covering the segment
+  PoolId owner;                    // the private pool holding it; default pool: {0, 0}
+  std::uint64_t registration = 0;  // creation order among the engine's segments
+  ContextId context = kNoContext;  // of the allocation that created it
+  std::vector<BlockInfo> blocks;   // in address order, covering the segment
+};
+
+// The layout of a private pool at one moment: what PyTorch's cudagraph trees
+// checkpoint to go back to when execution moves to another graph path.
+struct PoolCheckpoint {
+  struct Block {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    bool allocated = false;
+  };
+  struct Segment {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    StreamId stream = 0;
+    std::vector<Block> blocks;  // in address order, covering the segment
+  };
+  PoolId pool;
+  std::vector<Segment> segments;
+};
+
+// What restoring a checkpoint changed: blocks it freed (allocated before,
+// not in the checkpoint) and blocks it allocated (the checkpoint's live
+// blocks, re-created at their addresses; an address may be in both).
+struct CheckpointRestore {
+  std::vector<std::uintptr_t> freed;
+  std::vector<std::uintptr_t> allocated;
+};
+
+// Events and deferrals around cross-stream reuse.
+struct EventHealth {
+  std::int64_t outstanding_events = 0;     // recorded, not yet seen complete
+  std::int64_t streams_with_events = 0;    // entries of the per-stream event table
+  std::int64_t deferred_frees = 0;         // freed during a capture, no event yet
+  std::int64_t event_query_errors = 0;     // queries that failed (not "not ready")
+  std::int64_t event_sync_errors = 0;      // synchronizations that failed too
 };
 
 // Per-tag accounting. Bytes are rounded block sizes, as allocated_bytes.
@@ -58,7 +96,7 @@ struct ScopeSurvivors {
 struct FreeSpaceStats {
   std::int64_t reserved_bytes = 0;
   std::int64_t allocated_bytes = 0;
-  std::int64_t requested_bytes = 0;
+  std::int64_t requested_bytes = 0;        // of allocated and pending blocks
   std::int64_t free_bytes = 0;             // cached, reusable
   std::int64_t pending_free_bytes = 0;     // waiting on events
   std::int64_t largest_free_extent = 0;

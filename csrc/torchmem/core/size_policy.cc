@@ -1,5 +1,7 @@
 #include "torchmem/core/size_policy.h"
 
+#include <bit>
+
 #include "absl/strings/str_format.h"
 
 namespace torchmem {
@@ -31,6 +33,19 @@ absl::Status SizePolicy::Validate() const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "size policy: large_rounding (%d) must divide large_segment_size (%d)", large_rounding,
         large_segment_size));
+  }
+  for (std::size_t divisions : roundup_power2_divisions) {
+    if (divisions > 1 && !std::has_single_bit(divisions)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "size policy: roundup_power2_divisions must be powers of two, got %d", divisions));
+    }
+  }
+  // PyTorch requires max_split_size_mb above the 20 MiB shared segment size
+  // too: below it, medium requests would take whole shared segments unsplit.
+  if (max_split_size != kNoMaxSplit && max_split_size <= large_segment_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "size policy: max_split_size (%d) must be above large_segment_size (%d)",
+        max_split_size, large_segment_size));
   }
   return absl::OkStatus();
 }

@@ -31,12 +31,14 @@ void AppendStat(const std::string& prefix, const Stat& stat,
 
 void MemoryStats::ResetPeaks() {
   ForEachArray(*this, [](const char*, StatArray& array) { array.ResetPeak(); });
+  for (auto& [pool, array] : reserved_bytes_by_private_pools) array.ResetPeak();
   oversize_allocations.ResetPeak();
   oversize_segments.ResetPeak();
 }
 
 void MemoryStats::ResetAccumulated() {
   ForEachArray(*this, [](const char*, StatArray& array) { array.ResetAccumulated(); });
+  for (auto& [pool, array] : reserved_bytes_by_private_pools) array.ResetAccumulated();
   oversize_allocations.ResetAccumulated();
   oversize_segments.ResetAccumulated();
   num_alloc_retries = 0;
@@ -53,6 +55,14 @@ std::vector<std::pair<std::string, std::int64_t>> MemoryStats::Flatten() const {
     AppendStat(absl::StrCat(name, ".small_pool"), array.pool(PoolKind::kSmall), out);
     AppendStat(absl::StrCat(name, ".large_pool"), array.pool(PoolKind::kLarge), out);
   });
+  // PyTorch names a private pool "<first>_<second>" in these keys.
+  for (const auto& [pool, array] : reserved_bytes_by_private_pools) {
+    const std::string prefix =
+        absl::StrCat("reserved_bytes_by_private_pools.", pool.first, "_", pool.second);
+    AppendStat(absl::StrCat(prefix, ".all"), array.all(), out);
+    AppendStat(absl::StrCat(prefix, ".small_pool"), array.pool(PoolKind::kSmall), out);
+    AppendStat(absl::StrCat(prefix, ".large_pool"), array.pool(PoolKind::kLarge), out);
+  }
   AppendStat("oversize_allocations", oversize_allocations, out);
   AppendStat("oversize_segments", oversize_segments, out);
   out.emplace_back("num_alloc_retries", num_alloc_retries);
@@ -60,6 +70,7 @@ std::vector<std::pair<std::string, std::int64_t>> MemoryStats::Flatten() const {
   out.emplace_back("num_sync_all_streams", num_sync_all_streams);
   out.emplace_back("num_device_alloc", num_device_alloc);
   out.emplace_back("num_device_free", num_device_free);
+  out.emplace_back("num_oom_rejections", num_oom_rejections);
   out.emplace_back("max_split_size", max_split_size);
   return out;
 }

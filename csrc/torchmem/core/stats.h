@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "torchmem/core/types.h"
 
 namespace torchmem {
@@ -101,16 +102,23 @@ struct MemoryStats {
   StatArray active_bytes;
   StatArray inactive_split_bytes;
   StatArray requested_bytes;
-  // No block is ever "oversize": torchmem has no max_split_size, like
-  // PyTorch's default configuration.
+  // Blocks and segments of at least max_split_size (PyTorch's
+  // max_split_size_mb); none unless it is configured.
   Stat oversize_allocations;
   Stat oversize_segments;
+  // reserved_bytes of each private pool (CUDA graphs, MemPools), by pool;
+  // a released pool keeps its entry (current 0) until the next reset.
+  absl::btree_map<std::pair<std::uint64_t, std::uint64_t>, StatArray>
+      reserved_bytes_by_private_pools;
 
   std::int64_t num_alloc_retries = 0;
   std::int64_t num_ooms = 0;
   std::int64_t num_sync_all_streams = 0;
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
+  // Allocations refused before asking the device (PyTorch's
+  // throw_on_cudamalloc_oom, which torchmem does not implement): always 0.
+  std::int64_t num_oom_rejections = 0;
   // PyTorch reports SIZE_MAX ("no limit") as -1.
   std::int64_t max_split_size = -1;
 

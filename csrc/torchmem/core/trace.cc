@@ -1,6 +1,7 @@
 #include "torchmem/core/trace.h"
 
 #include <chrono>
+#include <cstring>
 
 namespace torchmem {
 
@@ -18,32 +19,49 @@ const char* TraceActionName(TraceAction action) {
       return "segment_free";
     case TraceAction::kOom:
       return "oom";
+    case TraceAction::kSnapshot:
+      return "snapshot";
+    case TraceAction::kAnnotate:
+      return "annotate";
   }
   return "?";
 }
 
-TraceRing::TraceRing(std::size_t capacity) : entries_(capacity == 0 ? 1 : capacity) {}
+bool ParseTraceAction(const char* name, TraceAction* out) {
+  for (int i = 0; i < kNumTraceActions; ++i) {
+    const auto action = static_cast<TraceAction>(i);
+    if (std::strcmp(name, TraceActionName(action)) == 0) {
+      *out = action;
+      return true;
+    }
+  }
+  return false;
+}
 
-void TraceRing::Record(TraceAction action, std::uintptr_t address, std::size_t size,
-                       StreamId stream, ContextId context) {
-  TraceEntry& entry = entries_[recorded_ % entries_.size()];
-  entry.action = action;
-  entry.address = address;
-  entry.size = size;
-  entry.stream = stream;
-  entry.context = context;
-  entry.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
+std::int64_t TraceNowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+TraceRing::TraceRing(std::size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+
+void TraceRing::Record(const TraceEntry& entry) {
+  if (entries_.size() < capacity_) {
+    entries_.push_back(entry);
+  } else {
+    entries_[recorded_ % capacity_] = entry;
+  }
   ++recorded_;
 }
 
 std::vector<TraceEntry> TraceRing::Entries() const {
+  if (recorded_ <= capacity_) return entries_;
   std::vector<TraceEntry> out;
-  const std::size_t size = entries_.size();
-  const std::size_t count = recorded_ < size ? recorded_ : size;
-  out.reserve(count);
-  for (std::uint64_t i = recorded_ - count; i < recorded_; ++i) out.push_back(entries_[i % size]);
+  out.reserve(entries_.size());
+  const std::size_t next = recorded_ % capacity_;  // the oldest entry
+  out.insert(out.end(), entries_.begin() + static_cast<std::ptrdiff_t>(next), entries_.end());
+  out.insert(out.end(), entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(next));
   return out;
 }
 

@@ -3,8 +3,9 @@
 // torch.cuda._memory_viz can draw torchmem's timeline.
 //
 // Off by default (the engine holds no ring); when on, recording an event is
-// a few stores into a preallocated ring under the engine's lock. When full,
-// the oldest entries are overwritten, as in PyTorch.
+// a few stores into the ring under the engine's lock. The ring grows as
+// entries arrive up to its capacity (PyTorch's default capacity is
+// "unbounded", sys.maxsize), then overwrites the oldest, as PyTorch's does.
 #ifndef TORCHMEM_CORE_TRACE_H_
 #define TORCHMEM_CORE_TRACE_H_
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "torchmem/core/trace_labels.h"
 #include "torchmem/core/types.h"
 
 namespace torchmem {
@@ -22,10 +24,16 @@ enum class TraceAction : std::uint8_t {
   kFreeCompleted,  // it became reusable
   kSegmentAlloc,   // a segment was obtained from the backend
   kSegmentFree,    // a segment was returned to the backend
-  kOom,            // an allocation failed; address = bytes free in the cache then
+  kOom,            // an allocation failed; address = bytes free on the device then
+  kSnapshot,       // a snapshot was taken; size = active bytes then
+  kAnnotate,       // a label was attached to a live block (user_metadata = the text)
 };
+inline constexpr int kNumTraceActions = 8;
 
 const char* TraceActionName(TraceAction action);
+// The action of a PyTorch action name ("alloc", "segment_free", ...); false
+// for names torchmem does not record.
+bool ParseTraceAction(const char* name, TraceAction* out);
 
 struct TraceEntry {
   TraceAction action = TraceAction::kAlloc;
@@ -33,24 +41,30 @@ struct TraceEntry {
   std::size_t size = 0;
   StreamId stream = 0;
   ContextId context = kNoContext;
+  PoolId pool;               // the private pool involved; default pool: {0, 0}
   std::int64_t time_us = 0;  // wall clock, microseconds since the epoch
+  TraceLabel user_metadata = kNoTraceLabel;    // see trace_labels.h
+  TraceLabel compile_context = kNoTraceLabel;  // of the thread that caused it
 };
 
 class TraceRing {
  public:
   explicit TraceRing(std::size_t capacity);
 
-  void Record(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
-              ContextId context);
+  void Record(const TraceEntry& entry);
   // Oldest first.
   std::vector<TraceEntry> Entries() const;
-  std::size_t capacity() const { return entries_.size(); }
+  std::size_t capacity() const { return capacity_; }
   std::uint64_t recorded() const { return recorded_; }
 
  private:
-  std::vector<TraceEntry> entries_;
+  std::size_t capacity_;
+  std::vector<TraceEntry> entries_;  // grows to capacity_, then wraps
   std::uint64_t recorded_ = 0;  // total ever recorded; next slot = recorded_ % capacity
 };
+
+// Wall-clock microseconds, as TraceEntry::time_us.
+std::int64_t TraceNowMicros();
 
 }  // namespace torchmem
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace torchmem {
 
@@ -31,6 +32,23 @@ inline constexpr ScopeId kNoScope = 0;
 // produced by the capture hook. kNoContext means nothing was captured.
 using ContextId = std::uint64_t;
 inline constexpr ContextId kNoContext = 0;
+
+// A private memory pool (a CUDA graph's, a torch.cuda.MemPool's): PyTorch's
+// MempoolId_t pair, kept torch-free. {0, 0} is the default (shared) pool.
+struct PoolId {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+
+  bool IsDefault() const { return first == 0 && second == 0; }
+  friend bool operator==(const PoolId& a, const PoolId& b) {
+    return a.first == b.first && a.second == b.second;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const PoolId& id) {
+    return H::combine(std::move(h), id.first, id.second);
+  }
+};
+inline constexpr PoolId kDefaultPool{};
 
 // PyTorch's two block pools: requests up to 1 MiB come from small segments.
 enum class PoolKind : std::uint8_t { kSmall = 0, kLarge = 1 };

@@ -30,10 +30,8 @@ void RegisterEngine(py::module_& m);
 void RegisterAttribution(py::module_& m);
 void RegisterInstall(py::module_& m);
 void RegisterCapture(py::module_& m);
+void RegisterDevices(py::module_& m);
 void RegisterBuildInfo(py::module_& m);
-#ifdef TORCHMEM_WITH_CUDA
-void RegisterCuda(py::module_& m);
-#endif
 
 // Raises the Python exception for an error status: ValueError for bad
 // arguments and unknown pointers, torch.OutOfMemoryError when out of

@@ -188,6 +188,23 @@ void RegisterEngine(py::module_& m) {
              for (const auto& [key, value] : stats.Flatten()) d[py::str(key)] = value;
              return d;
            })
+      .def(
+          "event_health",
+          [](EngineHandle& h) {
+            EventHealth health;
+            {
+              py::gil_scoped_release release;
+              health = h->GetEventHealth();
+            }
+            py::dict d;
+            d["outstanding_events"] = health.outstanding_events;
+            d["streams_with_events"] = health.streams_with_events;
+            d["deferred_frees"] = health.deferred_frees;
+            d["event_query_errors"] = health.event_query_errors;
+            d["event_sync_errors"] = health.event_sync_errors;
+            return d;
+          },
+          "Events and deferred frees of cross-stream reuse, and the event errors seen")
       .def("reset_peak_stats", [](EngineHandle& h) { h->ResetPeakStats(); })
       .def("reset_accumulated_stats", [](EngineHandle& h) { h->ResetAccumulatedStats(); })
       .def("tag_stats",

@@ -234,6 +234,21 @@ class StackTable {
     return out;
   }
 
+  // The frames of `id` with one new reference to each code object (for
+  // ResolveContextFrames). Requires the GIL (Py_INCREF).
+  bool CopyFrames(ContextId id, std::vector<ContextFrame>* out) {
+    std::lock_guard<std::mutex> lock(ids_mutex_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return false;
+    out->clear();
+    out->reserve(it->second->frames.size());
+    for (const RawFrame& frame : it->second->frames) {
+      Py_INCREF(frame.code);
+      out->push_back(ContextFrame{frame.code, frame.offset});
+    }
+    return true;
+  }
+
   StackCaptureStats Stats() {
     StackCaptureStats stats;
     std::size_t bytes = sizeof(StackTable);
@@ -606,11 +621,19 @@ ContextId CapturePythonStack() {
 #endif
 }
 
+// ResolveContextFrames' resolver: torchmem._C_cuda turns the frames into
+// PyTorch's CapturedTraceback for snapshots (torch/cuda/traceback_unwinder.h).
+static bool CopyContextFrames(ContextId id, std::vector<ContextFrame>* out) {
+  if (id == kNoContext || InterpreterGone()) return false;
+  return Table().CopyFrames(id, out);
+}
+
 void InstallStackCapture() {
   static std::once_flag fork_handlers;
   std::call_once(fork_handlers,
                  [] { pthread_atfork(&PrepareFork, &AfterForkInParent, &AfterForkInChild); });
   SetContextCaptureHook(&CapturePythonStack);
+  SetContextFramesResolver(&CopyContextFrames);
 }
 
 void RequestStackCapture() {

@@ -130,6 +130,25 @@ TEST_F(EngineTest, AdjacentFreeBlocksMergeBackIntoOneSegmentBlock) {
   EXPECT_EQ(Stats().inactive_split_bytes.all().current, 0);
 }
 
+TEST_F(EngineTest, InactiveSplitCountsNetChangesPerOperationAsPyTorchDoes) {
+  // PyTorch applies one net change per allocation or free (alloc_found_block,
+  // free_block), so its allocated/freed/peak counters count splits made and
+  // merged away, not every intermediate step.
+  void* a = Allocate(512 * kKiB);  // splits the 2 MiB segment: +1 (the tail)
+  void* b = Allocate(512 * kKiB);  // shrinks the split tail: bytes only
+  Free(a);                         // a new inactive split block: +1
+  Free(b);                         // merges a, b and the tail: -2, unsplit
+  const Stat blocks = Stats().inactive_split.all();
+  const Stat bytes = Stats().inactive_split_bytes.all();
+  EXPECT_EQ(blocks.allocated, 2);
+  EXPECT_EQ(blocks.freed, 2);
+  EXPECT_EQ(blocks.peak, 2);
+  EXPECT_EQ(blocks.current, 0);
+  EXPECT_EQ(bytes.allocated, static_cast<std::int64_t>(1536 * kKiB + 512 * kKiB));
+  EXPECT_EQ(bytes.freed, static_cast<std::int64_t>(512 * kKiB + 1536 * kKiB));
+  EXPECT_EQ(bytes.peak, static_cast<std::int64_t>(1536 * kKiB));
+}
+
 TEST_F(EngineTest, FreedNeighboursMergeSoALargerRequestFitsWithoutGrowing) {
   // Fill a 2 MiB segment with 512 KiB blocks, free them all (they merge),
   // then ask for 1 MiB: it fits in the merged space.
@@ -240,7 +259,8 @@ TEST_F(EngineTest, FlattenedStatsUsePyTorchKeys) {
   EXPECT_EQ(value("segment.large_pool.current"), 0);
   EXPECT_EQ(value("num_device_alloc"), 1);
   EXPECT_EQ(value("max_split_size"), -1);
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 6);
+  EXPECT_EQ(value("num_oom_rejections"), 0);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 7);
   Free(ptr);
 }
 

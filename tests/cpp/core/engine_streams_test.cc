@@ -67,15 +67,17 @@ TEST_F(EngineTest, WorkQueuedAfterTheFreeDoesNotDelayReuse) {
   EXPECT_EQ(Stats().active.all().current, 0);
 }
 
-TEST_F(EngineTest, EmptyCacheKeepsPendingBlocksAndTheirSegments) {
+TEST_F(EngineTest, EmptyCacheWaitsForPendingBlocksThenReleasesTheirSegments) {
+  // As PyTorch's emptyCache: events are synchronized first, so memory freed
+  // but still in use on another stream comes back too.
   void* ptr = Allocate(4096, kCompute);
   ASSERT_TRUE(engine_->RecordStream(ptr, kCopy).ok());
   Free(ptr);
   ASSERT_TRUE(engine_->EmptyCache().ok());
-  EXPECT_EQ(Stats().segment.all().current, 1);
-  backend_->CompleteStream(kCopy);
-  ASSERT_TRUE(engine_->EmptyCache().ok());
   EXPECT_EQ(Stats().segment.all().current, 0);
+  EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_EQ(Stats().num_sync_all_streams, 1);
+  EXPECT_EQ(faults_->calls(BackendCall::kSynchronizeEvent), 1);
 }
 
 TEST_F(EngineTest, OutOfMemoryRetrySynchronizesPendingBlocks) {
@@ -108,16 +110,53 @@ TEST_F(EngineTest, FailedEventRecordKeepsTheBlockPendingUntilARetrySucceeds) {
   EXPECT_EQ(Stats().active.all().current, 0);
 }
 
-TEST_F(EngineTest, FailedEventQueryCountsAsNotYetComplete) {
+TEST_F(EngineTest, FailedEventQueryWaitsForTheEventCountsAndWarnsOnce) {
+  CaptureWarnings();
+  void* first = Allocate(4096, kCompute);
+  void* second = Allocate(4096, kCompute);
+  ASSERT_TRUE(engine_->RecordStream(first, kCopy).ok());
+  ASSERT_TRUE(engine_->RecordStream(second, kCopy).ok());
+  Free(first);
+  Free(second);
+  faults_->FailAlways(BackendCall::kQueryEvent);
+  // The work on kCopy is not done, yet a persistent query error must not
+  // pin the blocks: the engine waits for each event instead.
+  engine_->ProcessEvents();
+  EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_EQ(faults_->calls(BackendCall::kSynchronizeEvent), 2);
+  const EventHealth health = engine_->GetEventHealth();
+  EXPECT_EQ(health.event_query_errors, 2);
+  EXPECT_EQ(health.event_sync_errors, 0);
+  EXPECT_EQ(health.outstanding_events, 0);
+  ASSERT_EQ(Warnings().size(), 1u);
+  EXPECT_NE(Warnings()[0].find("querying an event"), std::string::npos) << Warnings()[0];
+}
+
+TEST_F(EngineTest, EventBrokenBothWaysStillReleasesTheBlock) {
   void* ptr = Allocate(4096, kCompute);
   ASSERT_TRUE(engine_->RecordStream(ptr, kCopy).ok());
   Free(ptr);
-  backend_->CompleteStream(kCopy);
-  faults_->FailOnce(BackendCall::kQueryEvent);
-  engine_->ProcessEvents();
-  EXPECT_EQ(Stats().active.all().current, 1);
+  faults_->FailAlways(BackendCall::kQueryEvent);
+  faults_->FailAlways(BackendCall::kSynchronizeEvent);
   engine_->ProcessEvents();
   EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_EQ(engine_->GetEventHealth().event_sync_errors, 1);
+  faults_->Clear(BackendCall::kQueryEvent);
+  faults_->Clear(BackendCall::kSynchronizeEvent);
+}
+
+TEST_F(EngineTest, EventTableKeepsOnlyStreamsWithEventsInFlight) {
+  // Thousands of short-lived side streams must not leave one entry each.
+  for (StreamId side = 100; side < 2100; ++side) {
+    void* ptr = Allocate(4096, kCompute);
+    ASSERT_TRUE(engine_->RecordStream(ptr, side).ok());
+    Free(ptr);
+    EXPECT_EQ(engine_->GetEventHealth().streams_with_events, 1);
+    backend_->CompleteStream(side);
+    engine_->ProcessEvents();
+    EXPECT_EQ(engine_->GetEventHealth().streams_with_events, 0);
+  }
+  EXPECT_POOL_INTACT(*engine_);
 }
 
 }  // namespace

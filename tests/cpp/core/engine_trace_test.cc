@@ -1,5 +1,6 @@
 // The optional event trace (PyTorch's device_traces vocabulary).
 #include "gtest/gtest.h"
+#include "torchmem/core/context_capture.h"
 #include "tests/cpp/support/engine_fixture.h"
 
 namespace torchmem {
@@ -32,7 +33,7 @@ TEST_F(EngineTest, TraceRecordsTheLifeOfABlockAndItsSegment) {
   EXPECT_EQ(trace[1].address, Address(ptr));
   EXPECT_EQ(trace[1].size, 1000u);  // requested size, as in PyTorch
   EXPECT_EQ(trace[1].stream, 3u);
-  EXPECT_EQ(trace[2].size, 1024u);
+  EXPECT_EQ(trace[2].size, 1000u);  // frees carry the requested size too, as in PyTorch
   EXPECT_LE(trace[0].time_us, trace[4].time_us);
 }
 
@@ -45,6 +46,58 @@ TEST_F(EngineTest, TraceSeparatesFreeRequestedFromCompletedAcrossStreams) {
   backend_->CompleteStream(9);
   engine_->ProcessEvents();
   EXPECT_EQ(Actions(engine_->GetTrace()).back(), TraceAction::kFreeCompleted);
+}
+
+TEST_F(EngineTest, TraceEntriesCarryTheUserMetadataAndTheThreadsCompileContext) {
+  engine_->SetTraceCapacity(100);
+  SetTraceUserMetadata(InternTraceLabel("epoch 3"));
+  PushTraceCompileContext(InternTraceLabel("Torch-Compiled Region: 0/0"));
+  void* ptr = Allocate(4096);
+  PopTraceCompileContext();
+  SetTraceUserMetadata(kNoTraceLabel);
+  Free(ptr);
+  const std::vector<TraceEntry> trace = engine_->GetTrace();
+  ASSERT_EQ(trace[1].action, TraceAction::kAlloc);
+  EXPECT_EQ(TraceLabelText(trace[1].user_metadata), "epoch 3");
+  EXPECT_EQ(TraceLabelText(trace[1].compile_context), "Torch-Compiled Region: 0/0");
+  EXPECT_EQ(trace.back().user_metadata, kNoTraceLabel);
+  EXPECT_EQ(trace.back().compile_context, kNoTraceLabel);
+  EXPECT_EQ(InternTraceLabel("epoch 3"), trace[1].user_metadata);  // one id per text
+}
+
+TEST_F(EngineTest, AnnotationsAreTraceEntriesOfLiveBlocksOnly) {
+  engine_->SetTraceCapacity(100);
+  void* ptr = Allocate(1000);
+  ASSERT_TRUE(engine_->RecordAnnotation(ptr, InternTraceLabel("weights")).ok());
+  const TraceEntry annotation = engine_->GetTrace().back();
+  EXPECT_EQ(annotation.action, TraceAction::kAnnotate);
+  EXPECT_EQ(annotation.address, Address(ptr));
+  EXPECT_EQ(annotation.size, 1000u);
+  EXPECT_EQ(TraceLabelText(annotation.user_metadata), "weights");
+  Free(ptr);
+  EXPECT_TRUE(absl::IsNotFound(engine_->RecordAnnotation(ptr, InternTraceLabel("late"))));
+}
+
+// Each capture names a new caller, so the allocation's context (1) and the
+// emptying code's (2) differ.
+ContextId next_caller_context = 0;
+
+ContextId ContextOfTheCaller() { return ++next_caller_context; }
+
+TEST_F(EngineTest, WithFreeContextsSegmentFreesCarryTheStackOfWhoEmptiedTheCache) {
+  // PyTorch's context="all": emptyCache's stack on its segment_free entries.
+  next_caller_context = 0;
+  SetContextCaptureHook(&ContextOfTheCaller);
+  RequestContextCapture();
+  engine_->SetTraceCapacity(100);
+  Free(Allocate(4096));  // context 1 on the block and its segment
+  engine_->SetTraceFreeContext(true);
+  ASSERT_TRUE(engine_->EmptyCache().ok());  // context 2
+  ReleaseContextCapture();
+  SetContextCaptureHook(nullptr);
+  const TraceEntry last = engine_->GetTrace().back();
+  EXPECT_EQ(last.action, TraceAction::kSegmentFree);
+  EXPECT_EQ(last.context, 2u);
 }
 
 TEST_F(EngineTest, TraceKeepsTheNewestEntriesWhenFull) {

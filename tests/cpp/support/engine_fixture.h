@@ -5,11 +5,15 @@
 #define TORCHMEM_TESTS_CPP_SUPPORT_ENGINE_FIXTURE_H_
 
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "torchmem/backends/controlled_backend.h"
 #include "torchmem/backends/fault_injecting_backend.h"
 #include "torchmem/core/engine.h"
+#include "torchmem/core/warnings.h"
 
 namespace torchmem::testing {
 
@@ -31,7 +35,21 @@ class EngineTest : public ::testing::Test {
     engine_ = std::make_unique<Engine>(std::move(faults), engine_options);
   }
 
-  void TearDown() override { EXPECT_POOL_INTACT(*engine_); }
+  void TearDown() override {
+    EXPECT_POOL_INTACT(*engine_);
+    SetWarningHandler(nullptr);
+    Warnings().clear();
+  }
+
+  // Starts collecting the engine's warnings (see Warnings()) for this test.
+  static void CaptureWarnings() {
+    Warnings().clear();
+    SetWarningHandler([](absl::string_view message) { Warnings().emplace_back(message); });
+  }
+  static std::vector<std::string>& Warnings() {
+    static std::vector<std::string>* warnings = new std::vector<std::string>;
+    return *warnings;
+  }
 
   void* Allocate(std::size_t size, StreamId stream = 0) {
     absl::StatusOr<void*> ptr = engine_->Allocate(size, stream);

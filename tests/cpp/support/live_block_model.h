@@ -14,8 +14,10 @@ namespace torchmem::testing {
 
 // The pool is intact (Engine::CheckInvariants) and the engine's current
 // statistics agree with `live` (address -> a value with the block's `size` as
-// handed out and its `requested` size): allocated and requested bytes, the
-// allocation count, and active bytes covering at least the allocated ones.
+// handed out and its `requested` size): allocated bytes, the allocation
+// count, and active and requested bytes covering at least the allocated
+// ones (blocks freed but still in use on other streams count in both until
+// they become free, as in PyTorch).
 // Returns the first disagreement.
 template <typename LiveMap>
 absl::Status CheckEngineMatchesLiveBlocks(const Engine& engine, const LiveMap& live) {
@@ -34,8 +36,9 @@ absl::Status CheckEngineMatchesLiveBlocks(const Engine& engine, const LiveMap& l
   if (stats.allocated_bytes.all().current != allocated) {
     return disagree("allocated_bytes", stats.allocated_bytes.all().current, allocated);
   }
-  if (stats.requested_bytes.all().current != requested) {
-    return disagree("requested_bytes", stats.requested_bytes.all().current, requested);
+  if (stats.requested_bytes.all().current < requested) {
+    return disagree("requested_bytes (at least the live blocks')",
+                    stats.requested_bytes.all().current, requested);
   }
   const auto count = static_cast<std::int64_t>(live.size());
   if (stats.allocation.all().current != count) {

@@ -103,6 +103,34 @@ TEST_F(CaptureTest, RelaxedThreadModeAllowsMallocAndWorkIsCaptured) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
+TEST_F(CaptureTest, LaunchingAGraphRedoesItsCapturedCopiesAndMemsets) {
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, 64), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, 64), cudaSuccess);
+  std::memset(a, 1, 64);
+  std::memset(b, 2, 64);
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(b, a, 32, cudaMemcpyDeviceToDevice, stream_), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(static_cast<char*>(b) + 32, 9, 32, stream_), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  EXPECT_EQ(static_cast<unsigned char*>(b)[0], 2);  // nothing happened yet
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiateWithFlags(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    std::memset(a, 10 + replay, 64);  // the graph reads the source as it is at launch
+    ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+    EXPECT_EQ(static_cast<unsigned char*>(b)[0], 10 + replay);
+    EXPECT_EQ(static_cast<unsigned char*>(b)[31], 10 + replay);
+    EXPECT_EQ(static_cast<unsigned char*>(b)[32], 9);
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaFree(a), cudaSuccess);
+  EXPECT_EQ(cudaFree(b), cudaSuccess);
+}
+
 TEST_F(CaptureTest, OtherThreadsAreOnlyBlockedByGlobalCaptures) {
   ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   cudaError_t other_thread = cudaErrorUnknown;

@@ -1,6 +1,8 @@
 // Copies and memsets. Device memory is host memory, so every copy is a real
 // memcpy, done when the call is made (asynchronous ones also occupy their
-// stream, so their completion follows the completion model). Pointers that
+// stream, so their completion follows the completion model). An
+// asynchronous copy or memset captured into a graph does nothing then and
+// is done again at every launch of the graph. Pointers that
 // the copy kind says are on the device must lie inside one simulated
 // allocation (device, managed, or pinned/registered host memory), or the call
 // fails with cudaErrorInvalidValue.
@@ -66,8 +68,11 @@ cudaError_t AsyncCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   cudaError_t err = CheckCopy(dst, src, bytes, kind);
   if (err != cudaSuccess) return err;
   bool captured = false;
-  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured);
-  if (err == cudaSuccess && !captured && bytes != 0) std::memmove(dst, src, bytes);
+  auto effect = [dst, src, bytes] {
+    if (bytes != 0) std::memmove(dst, src, bytes);
+  };
+  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured, effect);
+  if (err == cudaSuccess && !captured) effect();
   return err;
 }
 
@@ -128,8 +133,9 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   cudaError_t err = Check2D(dst, dpitch, src, spitch, width, height, kind);
   if (err != cudaSuccess || height == 0 || width == 0) return Result(err);
   bool captured = false;
-  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured);
-  if (err == cudaSuccess && !captured) Copy2D(dst, dpitch, src, spitch, width, height);
+  auto effect = [=] { Copy2D(dst, dpitch, src, spitch, width, height); };
+  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured, effect);
+  if (err == cudaSuccess && !captured) effect();
   return Result(err);
 }
 
@@ -147,8 +153,11 @@ cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t
   cudaError_t err = CheckSet(dev_ptr, count);
   if (err != cudaSuccess) return Result(err);
   bool captured = false;
-  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured);
-  if (err == cudaSuccess && !captured && count != 0) std::memset(dev_ptr, value, count);
+  auto effect = [dev_ptr, value, count] {
+    if (count != 0) std::memset(dev_ptr, value, count);
+  };
+  err = Machine::Get().Submit(stream, CurrentDevice(), nullptr, &captured, effect);
+  if (err == cudaSuccess && !captured) effect();
   return Result(err);
 }
 

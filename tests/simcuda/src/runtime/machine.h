@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -48,7 +49,13 @@ constexpr uint64_t kDefaultCapacity = 80ull << 30;  // an 80 GiB device
 
 enum class EventMode { kImmediate = 0, kManual = 1 };
 
-enum class MemoryKind { kDevice, kManaged, kHostPinned, kHostRegistered };
+enum class MemoryKind {
+  kDevice,
+  kManaged,
+  kHostPinned,
+  kHostRegistered,
+  kIpcOpened,  // another process's device memory, mapped by cudaIpcOpenMemHandle
+};
 
 struct Allocation {
   uintptr_t base = 0;
@@ -57,6 +64,9 @@ struct Allocation {
   size_t charged = 0;   // bytes charged to the device's capacity
   int device = -1;      // -1 for host memory
   MemoryKind kind = MemoryKind::kDevice;
+  // Device memory shared with cudaIpcGetMemHandle: the POSIX shared memory
+  // object now backing it (unlinked when it is freed).
+  std::string shared_name;
 };
 
 // A unit of stream work that does more than occupy the stream.
@@ -100,13 +110,18 @@ struct CUevent_st {
   std::chrono::steady_clock::time_point recorded_at;
 };
 
-// A graph is only a record of how much work was captured into it.
+// A graph records how much work was captured into it, and the data effects
+// of the captured copies and memsets (in capture order), which a launch of
+// the graph performs again: so a replay writes where the captured work
+// wrote, as on a GPU (kernels still do nothing).
 struct CUgraph_st {
   uint64_t captured_work = 0;
+  std::vector<std::function<void()>> effects;
 };
 
 struct CUgraphExec_st {
   uint64_t work = 0;
+  std::vector<std::function<void()>> effects;
 };
 
 namespace simcuda {
@@ -159,6 +174,20 @@ class Machine {
   bool LookupOwn(const void* ptr, Allocation* out);
   // Installs the driver's answer for pointers the runtime did not allocate.
   void SetMappingLookup(simcuda_mapping_lookup_fn lookup);
+
+  // --- Memory shared between processes (machine_ipc.cc) -------------------
+  // cudaIpcGetMemHandle: `ptr` must be the base of a device allocation.
+  // The first share moves its pages into a POSIX shared memory object
+  // mapped at the same address, so the data stays and another process can
+  // map it too.
+  cudaError_t ShareMemory(void* ptr, cudaIpcMemHandle_t* handle);
+  // cudaIpcOpenMemHandle / cudaIpcCloseMemHandle, in the other process.
+  cudaError_t OpenSharedMemory(const cudaIpcMemHandle_t& handle, int device, void** ptr);
+  cudaError_t CloseSharedMemory(void* ptr);
+  // cudaIpcGetEventHandle / cudaIpcOpenEventHandle. Events cannot be waited
+  // for across simulated processes: an opened event is always complete.
+  cudaError_t ShareEvent(cudaEvent_t event, cudaIpcEventHandle_t* handle);
+  cudaError_t OpenSharedEvent(const cudaIpcEventHandle_t& handle, int device, cudaEvent_t* out);
   // cudaSuccess if [ptr, ptr + bytes) lies inside one allocation that a
   // device can address (device, managed or pinned/registered host memory).
   cudaError_t CheckDeviceRange(const void* ptr, size_t bytes);
@@ -174,9 +203,10 @@ class Machine {
   // One unit of work (a launch, a copy, ...) on a stream, with an optional
   // host function to run when it completes. On a capturing stream the work
   // is captured instead of executed, and *captured (if given) is set: the
-  // caller must then skip the work's data effects.
+  // caller must then skip the work's data effects, and `replay` (if given,
+  // the same effects) is recorded for the graph's launches.
   cudaError_t Submit(cudaStream_t handle, int device, std::function<void()> host_fn = nullptr,
-                     bool* captured = nullptr);
+                     bool* captured = nullptr, std::function<void()> replay = nullptr);
   cudaError_t QueryStream(cudaStream_t handle, int device);
   cudaError_t SynchronizeStream(cudaStream_t handle, int device);
   // Completes all work of `device` (-1: every device).

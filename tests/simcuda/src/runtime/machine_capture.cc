@@ -1,7 +1,8 @@
 // Stream capture and graphs of the simulated machine: enough of CUDA's rules
 // for allocators to be tested against (status queries, the prohibition of
 // unsafe calls such as cudaMalloc during a global-mode capture, invalidation),
-// with graphs that only count the work captured into them.
+// with graphs that count the work captured into them and replay the data
+// effects of captured copies and memsets when launched.
 #include "runtime/machine.h"
 
 namespace simcuda {
@@ -101,6 +102,7 @@ cudaError_t Machine::Instantiate(cudaGraph_t graph, cudaGraphExec_t* exec) {
   if (graphs_.count(graph) == 0) return cudaErrorInvalidValue;
   auto* e = new CUgraphExec_st;
   e->work = graph->captured_work;
+  e->effects = graph->effects;
   graph_execs_.insert(e);
   *exec = e;
   return cudaSuccess;
@@ -114,11 +116,19 @@ cudaError_t Machine::DestroyGraphExec(cudaGraphExec_t exec) {
 }
 
 cudaError_t Machine::LaunchGraph(cudaGraphExec_t exec, cudaStream_t stream, int device) {
+  std::vector<std::function<void()>> effects;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (graph_execs_.count(exec) == 0) return cudaErrorInvalidValue;
+    effects = exec->effects;
   }
-  return Submit(stream, device);
+  cudaError_t err = Submit(stream, device);
+  // The captured copies and memsets write again, at submission like every
+  // data effect of the simulator.
+  if (err == cudaSuccess) {
+    for (const auto& effect : effects) effect();
+  }
+  return err;
 }
 
 }  // namespace rt

@@ -83,6 +83,8 @@ cudaError_t Machine::FreeDevice(void* ptr) {
     CompleteDeviceLocked(a.device, &run);
   }
   munmap(ptr, a.mapped);
+  // Shared with other processes: they keep their mappings; the name goes.
+  if (!a.shared_name.empty()) shm_unlink(a.shared_name.c_str());
   Run(&run);
   return cudaSuccess;
 }

@@ -145,7 +145,7 @@ void Machine::CompleteDeviceLocked(int device, HostCallbacks* run) {
 }
 
 cudaError_t Machine::Submit(cudaStream_t handle, int device, std::function<void()> host_fn,
-                            bool* captured) {
+                            bool* captured, std::function<void()> replay) {
   if (captured != nullptr) *captured = false;
   HostCallbacks run;
   {
@@ -155,6 +155,7 @@ cudaError_t Machine::Submit(cudaStream_t handle, int device, std::function<void(
     if (err != cudaSuccess) return err;
     if (CaptureLocked(s)) {  // captured, not executed
       if (captured != nullptr) *captured = true;
+      if (replay) s->capture_graph->effects.push_back(std::move(replay));
       return cudaSuccess;
     }
     if (s->capture_status == cudaStreamCaptureStatusInvalidated) {

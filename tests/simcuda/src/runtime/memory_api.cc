@@ -142,6 +142,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   void* p = const_cast<void*>(ptr);
   switch (a.kind) {
     case MemoryKind::kDevice:
+    case MemoryKind::kIpcOpened:
       attributes->type = cudaMemoryTypeDevice;
       attributes->device = a.device;
       attributes->devicePointer = p;

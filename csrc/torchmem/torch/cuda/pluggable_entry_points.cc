@@ -1,18 +1,15 @@
-#include "torchmem/torch/cuda_allocator.h"
+#include "torchmem/torch/cuda/pluggable_entry_points.h"
 
-#include <array>
-#include <atomic>
 #include <cstdio>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
-#include "absl/strings/str_format.h"
-#include "torchmem/backends/cuda_backend.h"
+#include "torchmem/core/engine.h"
+#include "torchmem/torch/cuda/cuda_engines.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -35,48 +32,11 @@ static_assert(std::is_same_v<CreateCustomAllocator::FreeFn,
                              std::function<std::remove_pointer_t<decltype(&torchmem_cuda_free)>>>,
               "torchmem_cuda_free does not match CUDAPluggableAllocator's free_fn type");
 
-// --- engines ---------------------------------------------------------------
-
-std::array<std::atomic<Engine*>, kMaxCudaDevices> g_engines{};
-std::mutex g_engines_mutex;
-
 void Warn(const absl::Status& status) {
   std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
 }
 
-Engine* FindEngineOwning(void* ptr) {
-  for (const auto& [device, engine] : CudaEngines()) {
-    if (engine->SegmentContaining(ptr).ok()) return engine;
-  }
-  return nullptr;
-}
-
 }  // namespace
-
-Engine& CudaEngine(int device) {
-  TORCH_CHECK(device >= 0 && device < kMaxCudaDevices, "torchmem: CUDA device index ", device,
-              " is out of range (torchmem serves devices 0..", kMaxCudaDevices - 1, ")");
-  Engine* engine = g_engines[device].load(std::memory_order_acquire);
-  if (engine != nullptr) return *engine;
-  std::lock_guard<std::mutex> lock(g_engines_mutex);
-  engine = g_engines[device].load(std::memory_order_relaxed);
-  if (engine == nullptr) {
-    engine = new Engine(std::make_unique<CudaBackend>(device));
-    g_engines[device].store(engine, std::memory_order_release);
-  }
-  return *engine;
-}
-
-std::vector<std::pair<int, Engine*>> CudaEngines() {
-  std::vector<std::pair<int, Engine*>> engines;
-  for (int device = 0; device < kMaxCudaDevices; ++device) {
-    if (Engine* engine = g_engines[device].load(std::memory_order_acquire)) {
-      engines.emplace_back(device, engine);
-    }
-  }
-  return engines;
-}
-
 }  // namespace torchmem::torch_glue
 
 using torchmem::Engine;
@@ -118,15 +78,16 @@ void torchmem_cuda_set_memory_fraction(double fraction, int device) {
 }
 
 void torchmem_cuda_record_stream(void* ptr, cudaStream_t stream) {
-  Engine* engine = torchmem::torch_glue::FindEngineOwning(ptr);
+  Engine* engine = torchmem::torch_glue::CudaEngineOwning(ptr);
   TORCH_CHECK(engine != nullptr, "torchmem: record_stream on a pointer torchmem did not allocate");
   absl::Status status = engine->RecordStream(ptr, reinterpret_cast<StreamId>(stream));
   TORCH_CHECK(status.ok(), std::string(status.message()));
 }
 
 void* torchmem_cuda_base_allocation(void* ptr, std::size_t* size) {
-  Engine* engine = torchmem::torch_glue::FindEngineOwning(ptr);
-  TORCH_CHECK(engine != nullptr, "torchmem: getBaseAllocation on a pointer torchmem did not allocate");
+  Engine* engine = torchmem::torch_glue::CudaEngineOwning(ptr);
+  TORCH_CHECK(engine != nullptr,
+              "torchmem: getBaseAllocation on a pointer torchmem did not allocate");
   absl::StatusOr<torchmem::SegmentInfo> segment = engine->SegmentContaining(ptr);
   if (size != nullptr) *size = segment->size;
   return reinterpret_cast<void*>(segment->address);

@@ -1,0 +1,211 @@
+// Engine: cross-stream reuse (record_stream, events) and the rules around
+// CUDA graph capture.
+//
+// A block used on other streams is pending after its free until an event
+// recorded on each of those streams completes. Events are kept FIFO per
+// stream, and a stream's queue is dropped as soon as it empties, so the
+// table never outgrows the streams with work in flight. While a capture is
+// underway nothing is recorded or queried (CUDA forbids it on a capturing
+// stream): such frees wait in deferred_until_no_capture_ and get their
+// events once no capture is underway, without the streams recorded during
+// the capture (their captured work runs only at replay).
+//
+// A query that fails (rather than answering "not ready") is not treated as
+// "not yet": the engine waits for the event (cudaEventSynchronize), counts
+// the failure and warns once. If waiting fails too the block is released
+// anyway with a warning: a device whose events fail both ways runs no
+// further work, and keeping the block would pin its memory forever.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "torchmem/core/engine.h"
+#include "torchmem/core/warnings.h"
+
+namespace torchmem {
+
+absl::Status Engine::RecordStream(void* ptr, StreamId stream) {
+  MutexLock lock(&mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = blocks_.find(address);
+  if (it == blocks_.end()) return UnknownPointerError(address);
+  Block* block = it->second;
+  if (block->state != BlockState::kAllocated) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "torchmem: record_stream on %#x (%s), which is not allocated; record streams "
+        "before freeing",
+        address, device_name_));
+  }
+  if (stream == block->stream()) return absl::OkStatus();
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+    if (CaptureUnderwayLocked()) block->capture_stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::RecordPendingEvents(Block* block) {
+  for (StreamId stream : block->stream_uses) {
+    ++block->pending_events;
+    ++outstanding_events_;
+    absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
+    if (event.ok()) {
+      pending_events_[stream].push_back(PendingEvent{*event, block});
+    } else {
+      // The block must not be reused before that stream is done with it:
+      // keep it pending and try recording again later.
+      unrecorded_events_.emplace_back(stream, block);
+    }
+  }
+}
+
+void Engine::RecordDeferredEvents() {
+  std::vector<Block*> deferred;
+  deferred.swap(deferred_until_no_capture_);
+  for (Block* block : deferred) {
+    // Work captured on a stream runs at replay, under the graph's own
+    // ordering: only streams recorded outside the capture need an event.
+    auto& uses = block->stream_uses;
+    for (StreamId captured : block->capture_stream_uses) {
+      uses.erase(std::remove(uses.begin(), uses.end(), captured), uses.end());
+    }
+    block->capture_stream_uses.clear();
+    RecordPendingEvents(block);
+    if (block->pending_events == 0) MakeReusable(block);
+  }
+}
+
+void Engine::RetryUnrecordedEvents() {
+  std::vector<std::pair<StreamId, Block*>> retry;
+  retry.swap(unrecorded_events_);
+  for (auto [stream, block] : retry) {
+    absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
+    if (event.ok()) {
+      pending_events_[stream].push_back(PendingEvent{*event, block});
+    } else {
+      unrecorded_events_.emplace_back(stream, block);
+    }
+  }
+}
+
+void Engine::ProcessEvents() {
+  MutexLock lock(&mutex_);
+  ProcessEventsLocked();
+}
+
+void Engine::CompleteEvent(EventId event, Block* block) {
+  backend_->ReleaseEvent(event);
+  --outstanding_events_;
+  if (--block->pending_events == 0) MakeReusable(block);
+}
+
+bool Engine::HandleEventQueryError(StreamId stream, EventId event, const absl::Status& error) {
+  if (event_query_errors_++ == 0) {
+    Warn(absl::StrFormat(
+        "querying an event that guards a freed block on stream %#x of %s failed (%s); torchmem "
+        "waits for such events instead (counted in event_stats()['event_query_errors']; "
+        "warned once per device)",
+        stream, device_name_, error.message()));
+  }
+  absl::Status synced = backend_->SynchronizeEvent(event);
+  if (synced.ok()) return true;
+  if (event_sync_errors_++ == 0) {
+    Warn(absl::StrFormat(
+        "waiting for an event that guards a freed block on stream %#x of %s failed too (%s); "
+        "the block is reused anyway (the device reports this event broken both ways, so no "
+        "later answer will free it); warned once per device",
+        stream, device_name_, synced.message()));
+  }
+  return true;
+}
+
+void Engine::ProcessEventsLocked() {
+  // CUDA forbids querying or recording events while a capture is underway.
+  if (CaptureUnderwayLocked()) return;
+  if (!deferred_until_no_capture_.empty()) RecordDeferredEvents();
+  if (!unrecorded_events_.empty()) RetryUnrecordedEvents();
+  for (auto it = pending_events_.begin(); it != pending_events_.end();) {
+    const StreamId stream = it->first;
+    std::deque<PendingEvent>& queue = it->second;
+    while (!queue.empty()) {
+      const PendingEvent pending = queue.front();
+      absl::StatusOr<bool> done = backend_->QueryEvent(pending.event);
+      if (done.ok() && !*done) break;
+      if (!done.ok()) HandleEventQueryError(stream, pending.event, done.status());
+      queue.pop_front();
+      CompleteEvent(pending.event, pending.block);
+    }
+    // An empty queue is dropped: the table holds only streams with events
+    // in flight, however many streams the program has used.
+    if (queue.empty()) {
+      pending_events_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status Engine::SynchronizeAllEvents(const PrivatePool* only) {
+  if (CaptureUnderwayLocked()) return absl::OkStatus();
+  if (!deferred_until_no_capture_.empty()) RecordDeferredEvents();
+  if (!unrecorded_events_.empty()) RetryUnrecordedEvents();
+  if (outstanding_events_ == 0) return absl::OkStatus();
+  ++stats_.num_sync_all_streams;
+  for (auto it = pending_events_.begin(); it != pending_events_.end();) {
+    const StreamId stream = it->first;
+    std::deque<PendingEvent> kept;
+    for (const PendingEvent& pending : it->second) {
+      if (only != nullptr && pending.block->owner() != only) {
+        kept.push_back(pending);
+        continue;
+      }
+      if (absl::Status synced = backend_->SynchronizeEvent(pending.event); !synced.ok()) {
+        if (event_sync_errors_++ == 0) {
+          Warn(absl::StrFormat(
+              "waiting for an event that guards a freed block on stream %#x of %s failed (%s); "
+              "the block is reused anyway (warned once per device)",
+              stream, device_name_, synced.message()));
+        }
+      }
+      CompleteEvent(pending.event, pending.block);
+    }
+    if (kept.empty()) {
+      pending_events_.erase(it++);
+    } else {
+      it->second = std::move(kept);
+      ++it;
+    }
+  }
+  // Events that could not even be recorded stay pending: nothing to wait
+  // for yet (ProcessEvents retries recording them).
+  return absl::OkStatus();
+}
+
+void Engine::MarkCaptureBegin() {
+  MutexLock lock(&mutex_);
+  ++marked_captures_;
+}
+
+void Engine::MarkCaptureEnd() {
+  MutexLock lock(&mutex_);
+  if (marked_captures_ > 0) --marked_captures_;
+}
+
+bool Engine::CaptureUnderway() const {
+  MutexLock lock(&mutex_);
+  return CaptureUnderwayLocked();
+}
+
+EventHealth Engine::GetEventHealth() const {
+  MutexLock lock(&mutex_);
+  EventHealth health;
+  health.outstanding_events = static_cast<std::int64_t>(outstanding_events_);
+  health.streams_with_events = static_cast<std::int64_t>(pending_events_.size());
+  health.deferred_frees = static_cast<std::int64_t>(deferred_until_no_capture_.size());
+  health.event_query_errors = event_query_errors_;
+  health.event_sync_errors = event_sync_errors_;
+  return health;
+}
+
+}  // namespace torchmem

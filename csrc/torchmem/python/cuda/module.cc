@@ -1,0 +1,80 @@
+// The torchmem._C_cuda extension module: everything of torchmem that needs
+// the CUDA runtime and torch's CUDA libraries.
+//
+// Built against torch's bundled pybind11 (not pip's, which torchmem._C
+// uses): it hands PyTorch objects of PyTorch's own pybind11 types, which
+// only a module sharing torch's pybind11 internals can create. It shares
+// the engines and all process-wide state with torchmem._C through
+// libtorchmem.so. Imported lazily by the torchmem package, and only with a
+// CUDA build of torch.
+#include <cstddef>
+#include <cstdint>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <torch/csrc/utils/pybind.h>
+
+#include "torchmem/core/shared_library.h"
+#include "torchmem/torch/cuda/alloc_config.h"
+#include "torchmem/torch/cuda/cuda_allocator.h"
+#include "torchmem/torch/cuda/cuda_engines.h"
+#include "torchmem/torch/cuda/pluggable_entry_points.h"
+#include "torchmem/torch/cuda/traceback_contexts.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C_cuda, m) {
+  m.doc() = "torchmem's CUDA allocator for PyTorch (use torchmem.install() or "
+            "torchmem.cuda_allocator())";
+  if (torchmem::SharedLibraryFingerprint() != torchmem::CompiledInterfaceFingerprint()) {
+    throw std::runtime_error(
+        "torchmem._C_cuda was built against a different libtorchmem.so than the one in "
+        "torchmem/lib: the build is stale; rebuild torchmem (python setup.py build_ext "
+        "--inplace, or reinstall the package)");
+  }
+  torchmem::torch_glue::RegisterCudaEngineProvider();
+  torchmem::torch_glue::RegisterTracebackUnwinder();
+
+  m.def(
+      "allocator", []() { return torchmem::torch_glue::TorchmemCudaAllocator(); },
+      "torchmem's complete CUDA allocator as a torch._C._cuda_CUDAAllocator (wrap it in "
+      "torch.cuda.memory._CUDAAllocator for change_current_allocator)");
+  m.def("installed", &torchmem::torch_glue::TorchmemCudaAllocatorInstalled,
+        "Whether PyTorch's current CUDA allocator is torchmem's complete one");
+  m.def(
+      "cache_info",
+      [](c10::DeviceIndex device, std::size_t initial_guess) {
+        std::size_t largest = initial_guess;
+        {
+          py::gil_scoped_release release;
+          c10::cuda::CUDACachingAllocator::cacheInfo(device, &largest);
+        }
+        return largest;
+      },
+      py::arg("device"), py::arg("initial_guess") = 0,
+      "c10::cuda::CUDACachingAllocator::cacheInfo through PyTorch's current CUDA allocator: "
+      "what cuDNN's benchmark mode asks to size its workspace (for tests and diagnostics)");
+  m.def("unimplemented_settings", &torchmem::torch_glue::UnimplementedSettings,
+        "The PYTORCH_CUDA_ALLOC_CONF settings in effect that torchmem does not implement, "
+        "one explanation each");
+
+  m.def(
+      "pluggable_entry_points",
+      []() {
+        auto address = [](auto* fn) { return reinterpret_cast<std::uintptr_t>(fn); };
+        py::dict d;
+        d["malloc"] = py::make_tuple("torchmem_cuda_malloc", address(&torchmem_cuda_malloc));
+        d["free"] = py::make_tuple("torchmem_cuda_free", address(&torchmem_cuda_free));
+        d["init"] = py::make_tuple("torchmem_cuda_init", address(&torchmem_cuda_init));
+        d["reset"] = py::make_tuple("torchmem_cuda_reset", address(&torchmem_cuda_reset));
+        d["memory_fraction"] = py::make_tuple("torchmem_cuda_set_memory_fraction",
+                                              address(&torchmem_cuda_set_memory_fraction));
+        d["record_stream"] = py::make_tuple("torchmem_cuda_record_stream",
+                                            address(&torchmem_cuda_record_stream));
+        d["base_allocation"] = py::make_tuple("torchmem_cuda_base_allocation",
+                                              address(&torchmem_cuda_base_allocation));
+        return d;
+      },
+      "name -> (exported symbol, function address) of each CUDAPluggableAllocator entry point "
+      "of the reduced route (this module's file exports the symbols)");
+}

@@ -1,0 +1,173 @@
+"""PyTorch's memory history and snapshots, recorded by torchmem.
+
+``torch.cuda.memory._record_memory_history`` turns on torchmem's trace and stack
+capture; ``_snapshot`` / ``_dump_snapshot`` give PyTorch's format with torchmem's
+Python stacks, which ``torch.cuda._memory_viz`` renders unchanged.
+"""
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.cuda._memory_viz as memory_viz
+
+TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+
+record = torch.cuda.memory._record_memory_history
+
+
+@pytest.fixture(autouse=True)
+def history_off_after():
+    yield
+    record(None, clear_history=True)
+
+
+def line_marked(mark: str) -> int:
+    with open(__file__) as source:
+        return next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(mark))
+
+
+def here(frames: list[dict]) -> list[int]:
+    """The lines of this file among ``frames``."""
+    return [frame["line"] for frame in frames if frame["filename"] == __file__]
+
+
+def block_of(snapshot: dict, address: int) -> dict:
+    return next(block for segment in snapshot["segments"] for block in segment["blocks"]
+                if block["address"] == address)
+
+
+def traces(snapshot: dict, device: int = 0) -> list[dict]:
+    return snapshot["device_traces"][device]
+
+
+def test_blocks_and_traces_carry_the_python_stack_of_their_allocation_and_free():
+    record("all", context="all", stacks="python")
+    kept = torch.empty(1 << 20, device="cuda")  # the kept line
+    freed = torch.empty(2 << 20, dtype=torch.uint8, device="cuda")  # the freed line
+    address = freed.data_ptr()
+    del freed  # the del line
+    snapshot = torch.cuda.memory._snapshot()
+
+    assert here(block_of(snapshot, kept.data_ptr())["frames"])[0] == line_marked("# the kept line")
+    entries = [entry for entry in traces(snapshot) if entry["addr"] == address]
+    assert [entry["action"] for entry in entries] == ["alloc", "free_requested", "free_completed"]
+    assert here(entries[0]["frames"])[0] == line_marked("# the freed line")
+    assert here(entries[1]["frames"])[0] == line_marked("# the del line")
+    assert entries[0]["size"] == 2 << 20 and entries[0]["stream"] == 0
+    assert any(entry["action"] == "segment_alloc" for entry in traces(snapshot))
+    del kept
+
+
+def test_stacks_all_still_gives_the_python_frames():
+    record("all", context="all", stacks="all")  # torchmem records no C++ frames (README)
+    tensor = torch.empty(1000, device="cuda")  # the stacks-all line
+    frames = block_of(torch.cuda.memory._snapshot(), tensor.data_ptr())["frames"]
+    assert here(frames)[0] == line_marked("# the stacks-all line")
+    del tensor
+
+
+def test_context_state_keeps_stacks_for_live_blocks_only():
+    record("all", context="state", stacks="python")
+    tensor = torch.empty(1000, device="cuda")
+    snapshot = torch.cuda.memory._snapshot()
+    assert here(block_of(snapshot, tensor.data_ptr())["frames"])
+    entries = traces(snapshot)
+    assert entries and all("frames" not in entry for entry in entries)  # as PyTorch's
+    del tensor
+
+
+def test_max_entries_keeps_the_newest_and_clear_history_drops_them():
+    record("all", context="all", stacks="python", max_entries=4)
+    sizes = [(n + 1) << 20 for n in range(6)]
+    for size in sizes:
+        torch.empty(size, dtype=torch.uint8, device="cuda")
+    kept = traces(torch.cuda.memory._snapshot())
+    assert len(kept) == 4
+    assert kept[-1]["action"] == "free_completed" and kept[-1]["size"] == sizes[-1]
+
+    record("all", context="all", stacks="python", max_entries=4, clear_history=True)
+    assert traces(torch.cuda.memory._snapshot()) == []
+
+
+@pytest.mark.skipif(TORCH < (2, 11), reason="_record_memory_history(skip_actions=) arrived in torch 2.11")
+def test_skip_actions_are_not_recorded():
+    record("all", context="all", stacks="python", skip_actions=["free_requested", "free_completed"])
+    torch.empty(1000, device="cuda")
+    actions = {entry["action"] for entry in traces(torch.cuda.memory._snapshot())}
+    assert "alloc" in actions and not actions & {"free_requested", "free_completed"}
+
+
+def test_history_off_records_nothing_new_and_drops_the_trace():
+    record("all", context="all", stacks="python")
+    torch.empty(1000, device="cuda")
+    record(None)  # as PyTorch's: turning history off clears it
+    tensor = torch.empty(1000, device="cuda")
+    snapshot = torch.cuda.memory._snapshot()
+    assert block_of(snapshot, tensor.data_ptr())["frames"] == []
+    assert traces(snapshot) == []
+    del tensor
+
+
+@pytest.mark.skipif(TORCH < (2, 12), reason="torch.cuda.memory._allocation_traceback arrived in torch 2.12")
+def test_allocation_traceback_of_a_live_pointer():
+    record("all", context="all", stacks="python")
+    tensor = torch.empty(1000, device="cuda")  # the traceback line
+    frames = torch.cuda.memory._allocation_traceback(tensor.untyped_storage().data_ptr())
+    assert here(frames)[0] == line_marked("# the traceback line")
+    del tensor
+
+
+def test_each_device_has_its_own_trace():
+    record("all", context="all", stacks="python")
+    on_1 = torch.empty(1000, device="cuda:1")
+    snapshot = torch.cuda.memory._snapshot()
+    assert any(entry["addr"] == on_1.data_ptr() for entry in traces(snapshot, 1))
+    assert all(entry["addr"] != on_1.data_ptr() for entry in traces(snapshot, 0))
+    del on_1
+
+
+def test_dump_snapshot_is_rendered_by_pytorchs_memory_viz(tmp_path):
+    record("all", context="all", stacks="python")
+    tensors = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (1, 3, 7)]
+    del tensors[1]
+    path = tmp_path / "snapshot.pickle"
+    torch.cuda.memory._dump_snapshot(str(path))
+    snapshot = pickle.loads(path.read_bytes())
+
+    assert "Device 0 ----" in memory_viz.trace(snapshot)
+    assert "total_reserved" in memory_viz.segsum(snapshot)
+    html = tmp_path / "trace.html"
+    subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(path),
+                    "-o", str(html)], check=True, capture_output=True, timeout=300)
+    assert "add_local_files" in html.read_text()
+    assert "add_local_files" in memory_viz.segment_plot(snapshot)
+    del tensors
+
+
+@pytest.mark.skipif(TORCH < (2, 14), reason="memory annotations arrived in torch 2.14")
+def test_user_metadata_and_annotations_are_stamped_on_trace_entries():
+    record("all", context="all", stacks="python")
+    assert torch._C._cuda_memoryMetadataSupported()
+    torch.cuda.memory._set_memory_metadata("epoch 3")
+    tagged = torch.empty(100, device="cuda")
+    assert torch._C._cuda_getMemoryMetadata() == "epoch 3"
+    torch.cuda.memory._set_memory_metadata("")
+    torch.cuda.memory._annotate_tensor(tagged, "the weights")
+    entries = [entry for entry in traces(torch.cuda.memory._snapshot())
+               if entry["addr"] == tagged.data_ptr() and entry["action"] != "segment_alloc"]
+    assert [(e["action"], e["user_metadata"]) for e in entries] == [
+        ("alloc", "epoch 3"), ("annotate", "the weights")]
+    assert all(entry["compile_context"] == "N/A" for entry in entries)  # PyTorch's "none"
+    del tagged
+
+
+def test_the_profiler_sees_each_allocation_and_free():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as profile:
+        tensor = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        del tensor
+    changes = [event.device_memory_usage for event in profile.events() if event.name == "[memory]"]
+    assert changes and changes[-1] == -(1 << 20)
