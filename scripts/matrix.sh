@@ -15,7 +15,9 @@
 #   MAX_JOBS             build parallelism (default 2)
 #   MATRIX_KEEP_VENV=0   delete the cell's environment after a passing run
 #   TORCHMEM_SIMCUDA_DIR a built simulated device to use when its libcudart.so.N is
-#                        the CUDA major version of the torch tested (else one is built)
+#                        the CUDA major version of the torch tested (else one is built);
+#                        build it from this checkout's tests/simcuda: an older build lacks
+#                        what newer tests use (IPC tests then wait out their timeouts)
 #
 # Layout under TORCHMEM_MATRIX_DIR (each piece made once, then reused):
 #   wheels/               torch wheels, one per (version, Python), from the package index
