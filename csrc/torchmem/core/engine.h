@@ -407,6 +407,8 @@ class Engine {
   // One operation changes one pool's blocks: `pool`.
   void ApplyInactiveSplitChange(PoolKind pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static BlockInfo DescribeBlock(const Block& block);
+  // A segment's fields without its blocks; DescribeSegment adds the blocks.
+  static SegmentInfo DescribeSegmentHeader(const Segment& segment);
   SegmentInfo DescribeSegment(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::int64_t LargestFreeExtentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 

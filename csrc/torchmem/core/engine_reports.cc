@@ -151,7 +151,7 @@ FragmentationReport Engine::GetFragmentation() const {
   return report;
 }
 
-SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
+SegmentInfo Engine::DescribeSegmentHeader(const Segment& segment) {
   SegmentInfo info;
   info.address = segment.address;
   info.size = segment.size;
@@ -160,6 +160,11 @@ SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
   if (segment.owner != nullptr) info.owner = segment.owner->id;
   info.registration = segment.registration;
   info.context = segment.context;
+  return info;
+}
+
+SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
+  SegmentInfo info = DescribeSegmentHeader(segment);
   for (const Block* block = segment.first; block != nullptr; block = block->next) {
     info.blocks.push_back(DescribeBlock(*block));
   }
@@ -221,17 +226,7 @@ absl::StatusOr<SegmentInfo> Engine::SegmentContaining(const void* ptr) const {
   auto it = segments_.upper_bound(address);
   if (it != segments_.begin()) {
     const Segment& segment = *std::prev(it)->second;
-    if (address < segment.address + segment.size) {
-      SegmentInfo info;
-      info.address = segment.address;
-      info.size = segment.size;
-      info.pool = segment.pool;
-      info.stream = segment.stream;
-      if (segment.owner != nullptr) info.owner = segment.owner->id;
-      info.registration = segment.registration;
-      info.context = segment.context;
-      return info;
-    }
+    if (address < segment.address + segment.size) return DescribeSegmentHeader(segment);
   }
   return absl::NotFoundError(
       absl::StrFormat("torchmem: %#x is in no segment of %s", address, device_name_));
