@@ -15,7 +15,9 @@
 #   MAX_JOBS             build parallelism (default 2)
 #   MATRIX_KEEP_VENV=0   delete the cell's environment after a passing run
 #   TORCHMEM_SIMCUDA_DIR a built simulated device to use when its libcudart.so.N is
-#                        the CUDA major version of the torch tested (else one is built)
+#                        the CUDA major version of the torch tested (else one is built);
+#                        build it from this checkout's tests/simcuda: an older build lacks
+#                        what newer tests use (IPC tests then wait out their timeouts)
 #
 # Layout under TORCHMEM_MATRIX_DIR (each piece made once, then reused):
 #   wheels/               torch wheels, one per (version, Python), from the package index
@@ -269,6 +271,10 @@ fi
 
 # --- torchmem, from a copy of the checkout ----------------------------------------
 log "copying the checkout to $CELL/src and building torchmem._C against torch $TORCH"
+# A fresh copy: files of an earlier copy that the checkout no longer has (another branch's
+# tests, sources CMake would glob) must not be built or run. The build directory is
+# outside src/, and tar keeps the files' times, so unchanged sources are not recompiled.
+rm -rf "$CELL/src"
 mkdir -p "$CELL/src"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z |
   tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$CELL/src"

@@ -842,6 +842,10 @@ class Fuzzer {
   PoolId RandomPool() { return kPools[in_.U8() % std::size(kPools)]; }
 
   void DoPool(const Before& before) {
+    // Other operations (a free, an out-of-memory release, EmptyCache) may have
+    // emptied a released pool, which the engine then deleted: the model learns
+    // that before it predicts what a pool call does.
+    SyncDeletedPools();
     const PoolId id = RandomPool();
     ModelPool& pool = PoolModel(id);
     switch (in_.U8() % 8) {

@@ -243,6 +243,15 @@ def crash_inside_a_check(rank: int, world_size: int) -> dict:
     return outcome
 
 
+def barrier_inside_a_check(rank: int, world_size: int) -> dict:
+    """A barrier inside a leak check (after one outside it): what the check reports."""
+    dist.barrier()
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        dist.barrier()
+    return {"leaked_bytes": report.leaked_bytes,
+            "allowed": [(finding.requested_size, finding.note) for finding in report.allowed]}
+
+
 def destroyed_group(rank: int, world_size: int) -> dict:
     """The process group is destroyed before a collective check: a clear error, at once."""
     dist.destroy_process_group()

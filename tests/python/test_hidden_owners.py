@@ -44,6 +44,29 @@ def test_a_numpy_array_viewing_a_tensor_is_named_as_its_holder():
     PLOTS.clear()
 
 
+RESULTS: list = []
+
+
+def test_a_numpy_array_in_a_dict_of_arrays_is_named_through_the_dict():
+    # A dict that holds only untracked objects (arrays, numbers) is untracked too: the
+    # walk must look inside it to find the array, on every Python.
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        RESULTS.append({"step": 3, "view": torch.arange(256, dtype=torch.float32).numpy()})
+
+    (finding,) = report.reachable
+    assert owner_paths(finding) == [f"{__name__}.RESULTS[0]['view'].base"]
+    RESULTS.clear()
+
+
+def test_an_array_viewing_an_array_viewing_a_tensor_is_named_from_the_outer_array():
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        RESULTS.append((torch.arange(256, dtype=torch.float32).numpy()[::2],))
+
+    (finding,) = report.reachable
+    assert owner_paths(finding) == [f"{__name__}.RESULTS[0][0].base.base"]
+    RESULTS.clear()
+
+
 def test_a_numpy_view_inside_cycle_garbage_is_found_as_the_cycle_holder():
     class Node:
         def __init__(self):

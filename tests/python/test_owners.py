@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import gc
 
+import pytest
 import torch
 
 from leak_helpers import block_triple, collector_paused, torchmem_cpu  # noqa: F401
@@ -179,11 +180,16 @@ def test_hundreds_of_blocks_are_named_in_one_search():
     assert not result.stopped_early
 
 
-def test_a_depth_budget_stops_the_search_and_names_the_outermost_object_reached():
+@pytest.mark.parametrize("separate_dict", [False, True], ids=["attributes", "materialized-dict"])
+def test_a_depth_budget_stops_the_search_and_names_the_outermost_object_reached(separate_dict):
     deep = Holder()
     deep.inner = Holder()
     deep.inner.inner = Holder()
     deep.inner.inner.value = torch.zeros(4)
+    if separate_dict:
+        # Python 3.10 always keeps an instance's attributes in a dict of their own, 3.11+
+        # only once __dict__ was asked for: the hop from it to the instance is not a level.
+        vars(deep.inner.inner)
     block = block_triple(deep.inner.inner.value)
 
     result = _owners.find_owners([block], max_depth=1, node_budget=0)  # no downward search: the walk up is limited

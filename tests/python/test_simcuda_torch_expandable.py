@@ -48,14 +48,6 @@ def check_device_agrees():
 """
 
 
-@pytest.fixture(scope="module")
-def simcuda_dir():
-    try:
-        return simcuda.library_dir()
-    except simcuda.SimcudaNotBuilt as error:
-        pytest.fail(str(error), pytrace=False)
-
-
 @pytest.fixture
 def run_expandable(simcuda_dir, tmp_path):
     """Runs `code` (after PRELUDE) with expandable segments on the simulated

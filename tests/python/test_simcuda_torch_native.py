@@ -35,14 +35,6 @@ GiB = {GiB}
 """
 
 
-@pytest.fixture(scope="module")
-def simcuda_dir():
-    try:
-        return simcuda.library_dir()
-    except simcuda.SimcudaNotBuilt as error:
-        pytest.fail(str(error), pytrace=False)
-
-
 @pytest.fixture
 def run_torch(simcuda_dir, tmp_path):
     """Runs `code` (after PRELUDE) on the simulated device; returns stdout."""

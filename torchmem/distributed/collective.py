@@ -44,6 +44,7 @@ from torchmem.distributed.errors import (
 from torchmem.distributed.exchange import all_gather_bytes, group_info
 from torchmem.distributed.job import format_ranks
 from torchmem._support.files import short_path
+from torchmem._support.notes import add_note
 from torchmem._support.units import format_bytes
 
 __all__ = ["leak_check", "CollectiveLeakReport", "GrowthMonitor", "JobGrowthReport"]
@@ -280,14 +281,14 @@ class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check i
         if failure is not None:
             others = [rank for rank in failures if rank != self._info.rank]
             stopped = [rank for rank in range(self._info.size) if rank not in failures]
-            if hasattr(failure, "add_note"):
-                if others:
-                    failure.add_note(f"torchmem.distributed: {format_ranks(others)} also raised inside this check")
-                if stopped:
-                    failure.add_note(
-                        f"torchmem.distributed: {format_ranks(stopped)} raise RankFailedError, since this rank "
-                        "raised inside the collective check"
-                    )
+            if others:
+                add_note(failure, f"torchmem.distributed: {format_ranks(others)} also raised inside this check")
+            if stopped:
+                add_note(
+                    failure,
+                    f"torchmem.distributed: {format_ranks(stopped)} raise RankFailedError, since this rank "
+                    "raised inside the collective check",
+                )
             if local_error is not None and exc_type is None:
                 raise local_error
             return False

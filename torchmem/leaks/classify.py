@@ -1,11 +1,12 @@
 """Classifying what a closed leak-check scope left behind (see ``torchmem.leaks.check``).
 
 Survivors of the scope become findings: **allowed** (tag, ``expect_alive``, returned by a
-decorated function, warm-up entry, or held only through an object the check was told
-to allow, such as a pytest test's arguments), **pending** (freed, waiting for other
-streams), **cycle** (freed by the collection this module runs: only a reference cycle
-held them; counted as leaked or not by ``torchmem.leaks.cycle_policy``) or **reachable**
-(still allocated after it: ``owners.find_owners`` names the holders).
+decorated function, warm-up entry, a cache torch itself keeps (``torch_caches``), or held
+only through an object the check was told to allow, such as a pytest test's arguments),
+**pending** (freed, waiting for other streams), **cycle** (freed by the collection this
+module runs: only a reference cycle held them; counted as leaked or not by
+``torchmem.leaks.cycle_policy``) or **reachable** (still allocated after it:
+``owners.find_owners`` names the holders).
 
 Cost: the collections visit only objects made while the check was open
 (``torchmem.leaks.collector``); the owner search runs only for blocks that survive them.
@@ -21,6 +22,7 @@ from torchmem.runtime import devices as _devices
 from torchmem.runtime.tags import UNTAGGED
 from torchmem.leaks import collector
 from torchmem.leaks import cycle_policy
+from torchmem.leaks import torch_caches
 from torchmem.leaks import owners as _owners
 from torchmem.leaks.tensors import device_key
 from torchmem.stacks import frames as stack_frames
@@ -152,6 +154,8 @@ class Classifier:
             return "declared with torchmem.expect_alive"
         if identity in self.entry.returned:
             return "returned by the checked function"
+        if block["context"]:
+            return torch_caches.reason(stack_frames.frames(block["context"]), block["requested_size"])
         return None
 
     def _engine(self, device: str):

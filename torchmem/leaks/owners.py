@@ -351,6 +351,30 @@ def _only_this_pass_holds(candidate) -> bool:
     return sys.getrefcount(candidate) <= _PASS_REFERENCES
 
 
+def _sweep_referrers(frontier: dict[int, object], ignore: set) -> list:
+    """The tracked objects that refer to the frontier's objects, found by one sweep over
+    the heap with a set lookup (cheaper than ``gc.get_referrers`` for many targets). The
+    list of every object is made here and dropped at once (kept on the search, it would
+    hold the search and form a cycle)."""
+    wanted = frontier.keys()
+    get_referents = gc.get_referents
+    objects = gc.get_objects()
+    ignore.add(id(objects))
+    candidates = []
+    for obj in objects:
+        if not wanted.isdisjoint(map(id, get_referents(obj))):
+            candidates.append(obj)
+    del objects
+    return candidates
+
+
+# On Python 3.13, pybind11 before 3.0.4 (torch 2.9 to 2.12 are built with 3.0.1) ignores
+# what PyObject_VisitManagedDict returns in its objects' tp_traverse, so gc.get_referrers
+# never names such an object as the referrer of its own __dict__ (a TorchScript module's
+# ScriptMethod); gc.get_referents, which the sweep reads, is unaffected.
+_GET_REFERRERS_MISSES_MANAGED_DICTS = sys.version_info >= (3, 13)
+
+
 class _UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
@@ -369,6 +393,9 @@ class _UpwardSearch:
         self.deadline = deadline
         self.max_owners = max_owners
         self.down: dict = {}  # block key -> {node id: (child id | None, suffix labels, depth)}
+        # block key -> {node id: references followed in passes over the whole heap}, which
+        # max_depth bounds; the hop from an instance's __dict__ to the instance is free.
+        self.hops: dict = {}
         self.frontiers: dict = {}
         self.owners: dict = {key: [] for key in starts}
         self.fallbacks: dict = {key: [] for key in starts}  # roots in the runner's machinery
@@ -381,11 +408,13 @@ class _UpwardSearch:
         self.unexplained: set[int] = set()  # ... that no pass over the whole heap explains
         for key, entries in starts.items():
             down = self.down[key] = {}
+            hops = self.hops[key] = {}
             frontier = self.frontiers[key] = []
             for obj, suffix in entries:
                 if id(obj) not in down:
                     self.nodes[id(obj)] = obj
                     down[id(obj)] = (None, suffix, 0)
+                    hops[id(obj)] = 0
                     frontier.append(id(obj))
         self.stopped_early = False
 
@@ -418,10 +447,17 @@ class _UpwardSearch:
                     self.frontiers[key] = escapes[key]
                 escapes.clear()
                 active = waiting
-            # max_depth bounds the passes over the whole heap; passes over the objects made
-            # during the check are cheap, and paths through them long (a matplotlib figure).
-            if (not frozen and whole_heap_levels >= self.max_depth) or depth >= _MAX_FROZEN_DEPTH \
-                    or time.monotonic() > self.deadline:
+            # max_depth bounds the references followed in passes over the whole heap;
+            # passes over the objects made during the check are cheap, and paths through
+            # them long (a matplotlib figure). A hop that costs a pass but no reference in
+            # the path (from an instance's __dict__ to the instance) is not counted, so the
+            # budget reaches as far on Python 3.10 (where the dict is a referrer of its own)
+            # as on 3.11+ (where the instance refers to its attributes): at most two passes
+            # per reference.
+            if not frozen:
+                active = self._within_budget(active)
+            if not active or (not frozen and whole_heap_levels >= 2 * self.max_depth) \
+                    or depth >= _MAX_FROZEN_DEPTH or time.monotonic() > self.deadline:
                 self.stopped_early = True
                 return
             whole_heap_levels += 0 if frozen else 1
@@ -461,11 +497,47 @@ class _UpwardSearch:
                 (hit if node in viewers else rest).append(node)
             if hit:
                 escapes[key] = rest
-                self.frontiers[key] = hit
-                self.frontiers[key] = self._expand(key, viewers, depth)
+                self.frontiers[key] = self._enter_chains(key, hit, viewers, depth)
                 progressed = True
         del viewers
         return progressed
+
+    def _enter_chains(self, key, children: list[int], chains: dict, depth: int) -> list[int]:
+        """Walks each chain of untracked objects above ``children`` (``_untracked_viewers``):
+        the objects inside a chain are entered as they are, the outermost of each (which a
+        tracked object refers to) through ``_expand``, which names it or makes it the next
+        frontier."""
+        down = self.down[key]
+        hops = self.hops[key]
+        below_outermost: dict[int, list] = defaultdict(list)
+        for child_id in children:
+            for chain in chains[child_id]:
+                below = child_id
+                for obj in reversed(chain[1:]):
+                    if id(obj) not in down:
+                        self.nodes[id(obj)] = obj
+                        down[id(obj)] = (below, (), depth)
+                        hops[id(obj)] = hops[below]
+                    below = id(obj)
+                below_outermost[below].append(chain[0])
+        self.frontiers[key] = list(below_outermost)
+        return self._expand(key, below_outermost, depth)
+
+    def _within_budget(self, active: list) -> list:
+        """``active`` with each frontier cut to the objects whose referrers may still be
+        within ``max_depth``: those reached in fewer hops, and dicts (an instance's
+        ``__dict__`` leads to its instance at no cost). Cutting any stops the search early."""
+        kept = []
+        for key in active:
+            hops = self.hops[key]
+            frontier = [node for node in self.frontiers[key]
+                        if hops[node] < self.max_depth or isinstance(self.nodes[node], dict)]
+            if len(frontier) < len(self.frontiers[key]):
+                self.stopped_early = True
+            self.frontiers[key] = frontier
+            if frontier:
+                kept.append(key)
+        return kept
 
     def _wants_more(self, key, depth: int) -> bool:
         if not self.frontiers[key] or len(self.owners[key]) >= self.max_owners:
@@ -479,30 +551,53 @@ class _UpwardSearch:
         those made during the check while it is frozen)."""
         targets = list(frontier.values())
         ignore = self.ignore | {id(frontier), id(targets)}
-        if len(targets) <= _SMALL_FRONTIER:
-            candidates = gc.get_referrers(*targets)
-        else:
-            # One sweep with a set lookup; the list of every object is made here and dropped
-            # at once (kept on the search, it would hold the search and form a cycle).
-            wanted = frontier.keys()
-            get_referents = gc.get_referents
-            objects = gc.get_objects()
-            ignore.add(id(objects))
-            candidates = []
-            for obj in objects:
-                if not wanted.isdisjoint(map(id, get_referents(obj))):
-                    candidates.append(obj)
-            del objects
         by_child: dict[int, list] = defaultdict(list)
         references: dict[int, int] = defaultdict(int)  # from every candidate, the search's own included
+        if len(targets) <= _SMALL_FRONTIER:
+            counted = self._count_references(gc.get_referrers(*targets), frontier, ignore, by_child, references)
+            if _GET_REFERRERS_MISSES_MANAGED_DICTS:
+                # A dict nothing was found to refer to, though something does: perhaps the
+                # __dict__ of a pybind11 object that get_referrers cannot see. A sweep
+                # (which reads get_referents, unaffected) looks for those only; referrers
+                # already counted, and the sweep's own dict, are skipped.
+                stray: dict[int, object] = {}
+                for node in frontier:  # no loop variable holds the object: the counts stay exact
+                    if type(frontier[node]) is dict and not by_child.get(node) \
+                            and sys.getrefcount(frontier[node]) - 1 > references.get(node, 0):
+                        stray[node] = frontier[node]
+                if stray:
+                    counted.add(id(stray))
+                    ignore.add(id(stray))
+                    self._count_references(_sweep_referrers(stray, ignore), stray, ignore, by_child, references,
+                                           skip=counted)
+                stray = None
+        else:
+            self._count_references(_sweep_referrers(frontier, ignore), frontier, ignore, by_child, references)
+        del targets
+        self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
+        return by_child
+
+    def _count_references(self, candidates: list, frontier: dict[int, object], ignore: set, by_child: dict,
+                          references: dict, skip: set | frozenset = frozenset()) -> set[int]:
+        """Adds the references from ``candidates`` (except ids in ``skip``) to the frontier's
+        objects: all to ``references``, those from objects that are not the search's own
+        to ``by_child``. Returns the ids of the candidates counted."""
+        counted: set[int] = set()
         for parent in candidates:
             parent_id = id(parent)
-            own = parent_id in ignore or _only_this_pass_holds(parent) or (
+            if parent_id in skip:
+                continue
+            counted.add(parent_id)
+            # The argument tuple of this very pass is gone by the time references are
+            # compared with reference counts: not counted (a reference the search holds on
+            # to, the frontier dict for one, is).
+            transient = _only_this_pass_holds(parent)
+            own = transient or parent_id in ignore or (
                 isinstance(parent, types.FrameType) and _is_own_file(parent.f_code.co_filename))
             for child in gc.get_referents(parent):
                 child_id = id(child)
                 if child_id in frontier:
-                    references[child_id] += 1
+                    references[child_id] += 0 if transient else 1
                     if not own:
                         if len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
                             by_child[child_id].append(parent)
@@ -510,9 +605,7 @@ class _UpwardSearch:
                             self.stopped_early = True  # a referrer was dropped
             child = None
         parent = candidates = None
-        del targets
-        self._note_hidden_references(frontier, references, self.hidden if collector.is_frozen() else self.unexplained)
-        return by_child
+        return counted
 
     def _note_hidden_references(self, frontier: dict[int, object], references: dict[int, int], into: set) -> None:
         """Objects whose reference count is higher than the references the pass found. While
@@ -527,17 +620,24 @@ class _UpwardSearch:
 
     def _expand(self, key, referrers: dict[int, list], depth: int) -> list[int]:
         down = self.down[key]
+        hops = self.hops[key]
         next_frontier = []
         whole_heap = not collector.is_frozen()
         for child_id in self.frontiers[key]:
             if whole_heap and not referrers.get(child_id):
                 self.no_referrers.add(child_id)
+            child = self.nodes[child_id]
             for parent in referrers.get(child_id, ()):
                 parent_id = id(parent)
                 if parent_id in down:
                     continue
+                parent_hops = hops[child_id] + (0 if not whole_heap or _holds_as_its_dict(parent, child) else 1)
+                if parent_hops > self.max_depth:
+                    self.stopped_early = True  # beyond the depth budget: not reached
+                    continue
                 self.nodes[parent_id] = parent
                 down[parent_id] = (child_id, (), depth)
+                hops[parent_id] = parent_hops
                 if self._check_allowed_root(key, parent_id, depth):
                     continue
                 if self._check_global_value(key, parent, parent_id, depth):
@@ -663,6 +763,16 @@ class _UpwardSearch:
         return deepest
 
 
+def _holds_as_its_dict(parent, child) -> bool:
+    """True if ``child`` is ``parent.__dict__`` (an instance's, a function's, a module's)."""
+    if not isinstance(child, dict):
+        return False
+    try:
+        return object.__getattribute__(parent, "__dict__") is child
+    except Exception:  # noqa: BLE001 - no __dict__, or a class that hides it
+        return False
+
+
 def _is_runner_module(name: str) -> bool:
     module = sys.modules.get(name)
     filename = getattr(module, "__file__", None)
@@ -672,38 +782,118 @@ def _is_runner_module(name: str) -> bool:
 # --- what the walk cannot see ----------------------------------------------------------
 
 
-def _untracked_viewers(objects: list, wanted: set[int]) -> dict[int, list]:
-    """``id(object) -> [numpy arrays whose .base chain reaches it]``, for ids in ``wanted``.
+def _untracked_viewers(objects: list, wanted: set[int]) -> dict[int, list[list]]:
+    """``id(object) -> [chain, ...]`` for ids in ``wanted``: each chain lists the untracked
+    objects through which a numpy array views it, outermost first, down to (not including)
+    the object itself: ``[array]``, ``[view, array]`` for an array of arrays' ``.base``,
+    or ``[dict, array]`` when an untracked container holds the array.
 
     numpy arrays are not tracked by the collector: ``gc.get_referrers`` never returns
     them and ``gc.get_objects`` never lists them. They are found as referents of the
-    tracked containers that hold them (one pass over the heap, so only when needed).
+    tracked objects that hold them (one pass over the heap, so only when needed). Nor are
+    dicts and tuples that hold only untracked objects: a ``{'locs': array}`` is invisible
+    too, and on Python 3.10 so is every instance's ``__dict__`` holding an array (3.11+
+    keep such attributes in the instance itself). A second pass looks inside those, only
+    for the objects the first did not explain; its chain starts at the container, whose
+    tracked holder ``gc.get_referrers`` does find.
     """
     numpy = sys.modules.get("numpy")
     if numpy is None or not wanted:
         return {}
-    ndarray = numpy.ndarray
-    array_types = {ndarray, *ndarray.__subclasses__()}
-    viewers: dict[int, list] = defaultdict(list)
-    seen: set[int] = set()
-    chunk = 4096
-    for start in range(0, len(objects), chunk):
-        referents = gc.get_referents(*objects[start:start + chunk])
+    array_types = {numpy.ndarray, *numpy.ndarray.__subclasses__()}
+    viewers: dict[int, list[list]] = defaultdict(list)
+    _arrays_among_referents(objects, array_types, wanted, viewers, seen=set(), prefix=[])
+    missing = wanted - viewers.keys()
+    if missing:
+        _arrays_in_untracked_containers(objects, array_types, missing, viewers)
+    return viewers
+
+
+_CHUNK = 4096
+
+
+def _arrays_among_referents(holders: list, array_types: set, wanted: set[int], viewers: dict, *, seen: set,
+                            prefix: list) -> None:
+    """Adds ``prefix + [array, its base arrays...]`` for every array among the referents of
+    ``holders`` whose ``.base`` chain reaches an object in ``wanted``."""
+    for start in range(0, len(holders), _CHUNK):
+        referents = gc.get_referents(*holders[start:start + _CHUNK])
         # Filtered in C (map, compress): the heap has millions of references.
         arrays = list(itertools.compress(referents, map(array_types.__contains__, map(type, referents))))
         del referents
         for child in arrays:
-            if id(child) not in seen:
-                seen.add(id(child))
-                viewer, base = child, child.base
-                while base is not None:
-                    if id(base) in wanted:
-                        viewers[id(base)].append(viewer)
-                        break
-                    if not isinstance(base, ndarray):
-                        break
-                    viewer, base = base, base.base
-    return viewers
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            chain, base = [child], child.base
+            while base is not None:
+                if id(base) in wanted:
+                    viewers[id(base)].append(prefix + chain)
+                    break
+                if type(base) not in array_types:
+                    break
+                chain.append(base)
+                base = base.base
+
+
+_UNTRACKED_CONTAINERS = {dict, tuple}
+_MAX_CONTAINER_NESTING = 3
+
+
+def _chunks(objects: list):
+    for start in range(0, len(objects), _CHUNK):
+        yield objects[start:start + _CHUNK]
+
+
+def _arrays_in_untracked_containers(objects: list, array_types: set, wanted: set[int], viewers: dict) -> None:
+    """Arrays that untracked dicts and tuples hold, the containers being referents of
+    ``objects`` (or nested in such containers, up to ``_MAX_CONTAINER_NESTING`` deep).
+
+    Most heaps hold many untracked containers (tuples of names, dicts of numbers) and almost
+    never an array in one: each level of containers is gathered and checked in C, a chunk
+    at a time, and looked at one container at a time only where a chunk holds arrays."""
+    levels: list[list] = []
+    seen: dict[int, object] = {}
+    holders = objects
+    for _ in range(_MAX_CONTAINER_NESTING):
+        boxes: dict[int, object] = {}
+        for chunk in _chunks(holders):
+            referents = gc.get_referents(*chunk)
+            found = itertools.compress(referents, map(_UNTRACKED_CONTAINERS.__contains__, map(type, referents)))
+            untracked = list(itertools.filterfalse(gc.is_tracked, found))
+            boxes.update(zip(map(id, untracked), untracked))
+            del referents, untracked
+        for box_id in boxes.keys() & seen.keys():
+            del boxes[box_id]
+        if not boxes:
+            return
+        seen.update(boxes)
+        level = list(boxes.values())
+        del boxes
+        levels.append(level)
+        for chunk in _chunks(level):
+            if not any(map(array_types.__contains__, map(type, gc.get_referents(*chunk)))):
+                continue
+            for box in chunk:
+                found_here: dict = defaultdict(list)
+                _arrays_among_referents([box], array_types, wanted, found_here, seen=set(), prefix=[box])
+                for target, chains in found_here.items():
+                    viewers[target].extend(_with_outer_containers(levels, chain) for chain in chains)
+        holders = level
+
+
+def _with_outer_containers(levels: list[list], chain: list) -> list:
+    """``chain`` (starting at a container of the last level) preceded by the containers of
+    the levels above that hold it, so that it starts at one a tracked object refers to."""
+    for level in reversed(levels[:-1]):
+        inner = id(chain[0])
+        for chunk in _chunks(level):
+            if inner not in set(map(id, gc.get_referents(*chunk))):
+                continue
+            holder = next(box for box in chunk if inner in set(map(id, gc.get_referents(box))))
+            chain = [holder, *chain]
+            break
+    return chain
 
 
 # --- the search ------------------------------------------------------------------------
@@ -841,13 +1031,12 @@ def _explain(stuck, starts, objects, local_roots, ignore, allowed, result, max_d
     for key in stuck:
         entries = list(scripted.get(key, ()))
         for obj, suffix in starts.get(key, ()):
-            for viewer in viewers.get(id(obj), ()):
-                # The array's .base chain down to the tensor, then the tensor's own labels.
-                chain, node = [], viewer
-                while node is not obj:
-                    chain.append(("attr", "base"))
-                    node = node.base
-                entries.append((viewer, tuple(chain) + tuple(suffix)))
+            for chain in viewers.get(id(obj), ()):
+                # From the outermost untracked object down to the tensor, then the tensor's own labels.
+                labels: list = []
+                for above, below in zip(chain, [*chain[1:], obj]):
+                    labels.extend(edge_labels(above, below))
+                entries.append((chain[0], tuple(labels) + tuple(suffix)))
         if entries:
             retry[key] = entries
     if retry:

@@ -22,7 +22,7 @@ BlockKey = tuple  # (device: str, address: int)
 # be a storage whose Python object torch keeps alive for C++ ("PyObject preservation",
 # reworked by 2.11). There, bare storages are not start points: memory held only through
 # one is reported without its holder (README, "Supported versions").
-_BARE_STORAGES_ARE_READABLE = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 11)
+_BARE_STORAGES_ARE_READABLE = torch.torch_version.__version__ >= (2, 11)
 
 _MAX_GRAPH_VISITS = 200_000  # graph nodes visited, over all heads
 

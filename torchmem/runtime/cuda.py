@@ -105,7 +105,11 @@ def installed() -> bool:
 def install_allocator() -> None:
     """Makes torchmem's complete allocator PyTorch's CUDA allocator (once, before CUDA init)."""
     _check_not_initialized()
-    allocator = cuda_allocator()
+    _swap_in(cuda_allocator())
+
+
+def _swap_in(allocator) -> None:
+    """Hands ``allocator`` to PyTorch; says what to do if PyTorch already has another."""
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as error:
@@ -144,14 +148,7 @@ def install_pluggable_allocator() -> None:
     """The reduced route: torchmem through ``CUDAPluggableAllocator`` (once, before CUDA init)."""
     _check_not_initialized()
     allocator = pluggable_allocator()
-    try:
-        torch.cuda.memory.change_current_allocator(allocator)
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"torchmem.install('cuda'): PyTorch refused to swap its CUDA allocator ({error}). "
-            "Another allocator was installed or used first in this process. "
-            f"Fix: {_INSTALL_FIRST}."
-        ) from error
+    _swap_in(allocator)
     # Keep the Python object alive: PyTorch holds the C++ allocator, but the
     # ctypes handle of our library should live as long as the process.
     global _allocator

@@ -15,7 +15,7 @@ _KEYS_SINCE: dict[str, tuple[int, int]] = {
     "num_oom_rejections": (2, 12),
     "reserved_bytes_by_private_pools.": (2, 13),
 }
-_TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+_TORCH = torch.torch_version.__version__
 _KEYS_MISSING = tuple(prefix for prefix, since in _KEYS_SINCE.items() if _TORCH < since)
 
 

@@ -112,24 +112,26 @@ absl::Status CudaBackend::ReleaseSegment(std::uintptr_t address, std::size_t siz
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::size_t> CudaBackend::Capacity() {
+absl::StatusOr<CudaBackend::MemInfo> CudaBackend::GetMemInfo() {
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
   if (error != cudaSuccess) return CudaError(error, "cudaMemGetInfo");
-  return total_bytes;
+  return MemInfo{free_bytes, total_bytes};
+}
+
+absl::StatusOr<std::size_t> CudaBackend::Capacity() {
+  absl::StatusOr<MemInfo> info = GetMemInfo();
+  if (!info.ok()) return info.status();
+  return info->total_bytes;
 }
 
 absl::StatusOr<std::size_t> CudaBackend::FreeBytes() {
-  DeviceGuard guard(device_);
-  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
-  std::size_t free_bytes = 0;
-  std::size_t total_bytes = 0;
-  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
-  if (error != cudaSuccess) return CudaError(error, "cudaMemGetInfo");
-  return free_bytes;
+  absl::StatusOr<MemInfo> info = GetMemInfo();
+  if (!info.ok()) return info.status();
+  return info->free_bytes;
 }
 
 absl::StatusOr<EventId> CudaBackend::RecordEvent(StreamId stream) {

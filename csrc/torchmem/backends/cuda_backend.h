@@ -65,6 +65,13 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
 
  private:
+  struct MemInfo {
+    std::size_t free_bytes;
+    std::size_t total_bytes;
+  };
+  // cudaMemGetInfo on this backend's device.
+  absl::StatusOr<MemInfo> GetMemInfo();
+
   // Formats a CUDA error as "cudaMalloc(20.00 MiB) on cuda:0 failed:
   // cudaErrorX (description)" and clears the sticky error.
   absl::Status CudaError(cudaError_t error, const std::string& call) const;

@@ -174,6 +174,9 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
       return fresh.status();
     }
     block = *fresh;
+    // A block lent by a use_on_oom pool lives in that pool's lists: the lists
+    // made for this stream above may still hold no segment.
+    if (ABSL_PREDICT_FALSE(block->owner() != owner)) DropStreamListsIfEmpty(owner, stream);
   }
   const bool no_split = block->owner() != nullptr && block->owner()->no_split;
   if (block->size != rounded && !no_split &&

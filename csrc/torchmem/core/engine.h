@@ -470,6 +470,10 @@ class Engine {
   // One operation changes one pool's blocks: `pool`.
   void ApplyInactiveSplitChange(PoolKind pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static BlockInfo DescribeBlock(const Block& block);
+  // A segment's fields without its blocks; DescribeSegment adds the blocks.
+  // Not static: a VMM segment's mapped bytes come from the engine's page size.
+  SegmentInfo DescribeSegmentHeader(const Segment& segment) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   SegmentInfo DescribeSegment(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::int64_t LargestFreeExtentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 

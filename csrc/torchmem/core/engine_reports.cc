@@ -155,7 +155,7 @@ FragmentationReport Engine::GetFragmentation() const {
   return report;
 }
 
-SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
+SegmentInfo Engine::DescribeSegmentHeader(const Segment& segment) const {
   SegmentInfo info;
   info.address = segment.address;
   info.size = segment.size;
@@ -166,6 +166,11 @@ SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
   info.context = segment.context;
   info.vmm = segment.vmm;
   info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
+  return info;
+}
+
+SegmentInfo Engine::DescribeSegment(const Segment& segment) const {
+  SegmentInfo info = DescribeSegmentHeader(segment);
   for (const Block* block = segment.first; block != nullptr; block = block->next) {
     info.blocks.push_back(DescribeBlock(*block));
   }
@@ -228,21 +233,7 @@ absl::StatusOr<SegmentInfo> Engine::SegmentContaining(const void* ptr) const {
   auto it = segments_.upper_bound(address);
   if (it != segments_.begin()) {
     const Segment& segment = *std::prev(it)->second;
-    if (address < segment.address + segment.size) {
-      SegmentInfo info;
-      info.address = segment.address;
-      info.size = segment.size;
-      info.pool = segment.pool;
-      info.stream = segment.stream;
-      if (segment.owner != nullptr) info.owner = segment.owner->id;
-      info.registration = segment.registration;
-      info.context = segment.context;
-      info.vmm = segment.vmm;
-      info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
-  info.vmm = segment.vmm;
-  info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
-      return info;
-    }
+    if (address < segment.address + segment.size) return DescribeSegmentHeader(segment);
   }
   return absl::NotFoundError(
       absl::StrFormat("torchmem: %#x is in no segment of %s", address, device_name_));
