@@ -71,7 +71,7 @@ std::vector<std::string> UnimplementedSettings() {
   std::vector<std::string> found;
   for (const auto& [key, value] : ParseKeys(AcceleratorAllocatorConfig::last_allocator_settings())) {
     if (HandledKey(key)) continue;
-    if (key == "backend") {    } else if (key == "backend") {
+    if (key == "backend") {
       if (value != "native") {
         found.push_back(absl::StrCat(
             "backend:", value, " asks for another CUDA allocator, but torchmem is installed as "
