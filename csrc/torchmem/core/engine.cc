@@ -161,6 +161,8 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
       DropStreamListsIfEmpty(owner, stream);
       return placed.status();
     }
+    // A block lent by a use_on_oom pool lives in that pool's range or segment.
+    if (ABSL_PREDICT_FALSE((*placed)->owner() != owner)) DropStreamListsIfEmpty(owner, stream);
     MarkAllocated(*placed, size, attribution, context);
     return *placed;
   }

@@ -354,7 +354,8 @@ class Engine {
   // --- virtual-memory placement (engine_vmm.cc) ---
   // A block of `rounded` bytes placed by page fit in the range of (owner,
   // stream, pool), its pages mapped; the range is reserved on first use.
-  // Runs the out-of-memory ladder when no page can be had.
+  // When no page can be had: a use_on_oom pool lends a block (default pool
+  // only), else the out-of-memory ladder runs.
   absl::StatusOr<Block*> AllocateInRange(std::size_t rounded, PoolKind pool, StreamId stream,
                                          PrivatePool* owner, ContextId context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -386,6 +387,12 @@ class Engine {
            !(block->segment->vmm && block->next == nullptr);
   }
   Block* TakeFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The virtual-memory placement's TakeFromUseOnOomPools: a block of
+  // `rounded` bytes lent by a use_on_oom pool, from its PyTorch segments or
+  // from a place in its range whose pages are all mapped (no page is
+  // created or stolen); nullptr if none has one.
+  Block* LendFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Releases unsplit oversize free blocks of `lists` until `needed` bytes
   // came back (PyTorch's release_available_cached_blocks).

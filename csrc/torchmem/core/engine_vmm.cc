@@ -267,7 +267,14 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
       InsertMerged(block);
       ApplyInactiveSplitChange(pool);
     }
-    if (!absl::IsResourceExhausted(failure) || capturing || attempt == 1) break;
+    if (!absl::IsResourceExhausted(failure)) break;
+    // As PyTorch does before anything is released: a MemPool that opted in
+    // (use_on_oom) lends a free block of its own to the default pool, also
+    // during a capture.
+    if (owner == nullptr && attempt == 0) {
+      if (Block* lent = LendFromUseOnOomPools(rounded, pool, stream)) return lent;
+    }
+    if (capturing || attempt == 1) break;
     // The ladder: pending blocks become free and every cached page that may
     // go is given back (of released private pools too), then once more.
     ++stats_.num_alloc_retries;
@@ -281,6 +288,38 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
     }
   }
   return failure;
+}
+
+Block* Engine::LendFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream) {
+  // A pool's PyTorch segments (MemPool(no_split=True), or blocks made before
+  // the placement changed): split as PyTorch's placement would.
+  if (Block* lent = TakeFromUseOnOomPools(rounded, kind, stream)) {
+    if (lent->size != rounded && !lent->owner()->no_split &&
+        policy_.ShouldSplit(lent->pool(), lent->size, rounded)) {
+      SplitBlock(lent, rounded);
+    }
+    return lent;
+  }
+  // A pool's range: only a place whose pages are mapped already. What the
+  // pool lends is memory it holds; new pages are what the device lacks, and
+  // a private pool's cached pages are never stolen.
+  VmmAcquireLimits held_pages_only;
+  held_pages_only.may_steal = false;
+  held_pages_only.creatable_pages = 0;
+  for (const auto& [id, pool] : private_pools_) {
+    if (!pool->use_on_oom || pool->freeable) continue;
+    auto lists = pool->streams.find(stream);
+    if (lists == pool->streams.end()) continue;
+    Segment* range = lists->second->vmm_ranges[static_cast<int>(kind)];
+    if (range == nullptr) continue;
+    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, *vmm_);
+    if (choice.block == nullptr) continue;
+    Block* block = CarveBlock(choice.block, choice.address, rounded);
+    if (vmm_->Acquire(*range, block->address, block->size, held_pages_only).ok()) return block;
+    InsertMerged(block);
+    ApplyInactiveSplitChange(kind);
+  }
+  return nullptr;
 }
 
 }  // namespace torchmem

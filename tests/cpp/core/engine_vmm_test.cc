@@ -228,6 +228,41 @@ TEST_F(EngineVmmTest, PrivatePoolPagesAreNeverStolen) {
   EXPECT_EQ(backend_->live_pages(), 0);
 }
 
+TEST_F(EngineVmmTest, AUseOnOomPoolLendsAPlaceWhosePagesItHoldsBeforeTheLadder) {
+  const PoolId pool{3, 1};
+  ASSERT_TRUE(engine_->CreateOrIncrefPool(pool).ok());
+  ASSERT_TRUE(engine_->SetPoolUseOnOom(pool, true).ok());
+  ASSERT_TRUE(engine_->BeginAllocateToPool(pool, [](StreamId s) { return s == 0; }).ok());
+  void* in_pool = Touch(3 * kPage);
+  ASSERT_TRUE(engine_->EndAllocateToPool(pool).ok());
+  ASSERT_TRUE(engine_->ReleasePool(pool).ok());  // the route's reference; the MemPool's stays
+  Release(in_pool);  // 3 pages cached in the pool's range
+  engine_->SetMemoryLimit(5 * kPage);
+  void* filler = Touch(2 * kPage);  // the default range's 2 pages: at the limit
+  const std::int64_t creates = Calls(BackendCall::kCreatePhysicalPage);
+  // 3 new pages would pass the limit: the pool lends its mapped ones, before
+  // the ladder (no retry) and without a driver call.
+  void* lent = Touch(2 * kPage + kMiB);
+  ASSERT_NE(lent, nullptr);
+  EXPECT_EQ(engine_->SegmentContaining(lent)->owner, pool);
+  EXPECT_EQ(Address(lent), Address(in_pool));
+  EXPECT_EQ(Stats().num_alloc_retries, 0);
+  EXPECT_EQ(Calls(BackendCall::kCreatePhysicalPage), creates);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(5 * kPage));
+  // A place that needs pages the pool does not hold is not lent: the ladder
+  // runs and the allocation fails.
+  absl::StatusOr<void*> over = engine_->Allocate(4 * kPage);
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_POOL_INTACT(*engine_);
+  Release(lent);  // back to the pool's range
+  Release(filler);
+  engine_->SetMemoryLimit(std::numeric_limits<std::size_t>::max());
+  ASSERT_TRUE(engine_->ReleasePool(pool).ok());
+  ASSERT_TRUE(engine_->EmptyCache().ok());
+  EXPECT_POOL_INTACT(*engine_);
+  EXPECT_EQ(backend_->live_pages(), 0);
+}
+
 TEST_F(EngineVmmTest, APrivatePoolIsRestoredToItsCheckpoint) {
   const PoolId graph{2, 1};
   constexpr StreamId kCapturing = 5;

@@ -167,6 +167,26 @@ def test_memory_limit_and_the_out_of_memory_ladder(sim, expandable):
         torch.cuda.set_per_process_memory_fraction(1.0)
 
 
+def test_a_mem_pool_with_use_on_oom_lends_the_pages_it_holds(sim, expandable):
+    pool = torch.cuda.MemPool(use_on_oom=True)
+    with torch.cuda.use_mem_pool(pool):
+        cached = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+    address = cached.data_ptr()
+    del cached  # 20 pages cached in the pool's range, never stolen for others
+    creates = sim.call_count("cuMemCreate")
+    torchmem.set_memory_limit(40 * MiB, device="cuda:0")  # reached: no page may be created
+    try:
+        borrowed = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+        assert borrowed.data_ptr() == address
+        assert sim.call_count("cuMemCreate") == creates
+        assert torch.cuda.memory_reserved() == 40 * MiB
+        consistent()
+        del borrowed
+    finally:
+        torchmem.set_memory_limit(0, device="cuda:0")
+    del pool
+
+
 def test_cuda_graph_private_pools_keep_their_pages(sim, expandable):
     source = torch.arange(MiB, dtype=torch.float32, device="cuda")  # 4 MiB
     graph = torch.cuda.CUDAGraph()
