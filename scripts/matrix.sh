@@ -25,6 +25,8 @@
 #                         every environment through a symlink (see below)
 #   cuda12-toolkit/       CUDA 12 headers + libcudart.so.12 from NVIDIA's wheels (torch
 #                         cu12 builds compile against them; CUDA 13 uses the system toolkit)
+#   cupti-cuN-V/          CUPTI as torch's pin V gives it, where that differs from the
+#                         set's (torch 2.11-2.14 pin CUDA 13.0's; see "CUPTI" below)
 #   simcuda-cu12/, -cu13/ the simulated device as libcudart.so.12 / .13 (tests/simcuda)
 #   cells/py3.X-torchV/   venv/ (the interpreter from pyenv), src/ (a copy of the
 #                         checkout: tracked and untracked-not-ignored files), build/
@@ -220,6 +222,68 @@ PY
     die "pip installed NVIDIA packages into $VENV (through the shared set): a requirement depends on torch"
   fi
   cp "$CELL/requirements.txt" "$VENV/.requirements"
+fi
+# --- CUPTI: the version this torch pins ---------------------------------------------
+# The one exception to the shared set: CUPTI, which kineto (torch.profiler) loads
+# at startup, gets the version the torch wheel pins. Its newer releases are meant
+# to work with older clients on a real driver, but on the simulated device CUPTI
+# 13.2 (the set's, for torch 2.15) recurses until the stack overflows when
+# cuGetExportTable fails, and kineto of torch 2.12 subscribes to CUPTI when the
+# profiler first starts (2.14's does not); with the CUPTI 13.0 that 2.12 pins, the
+# failure is reported and the profiler records CPU events and memory as it would
+# on a GPU machine.
+# The environment's site-packages/nvidia is then a tree of links to the shared
+# set, with CUPTI's files linked from a CUPTI of that version (installed once).
+cupti_pin() {  # the CUPTI requirement in a list of requirements, as pip takes it
+  local req
+  for req in "$@"; do
+    req=${req%%;*} req=${req// /}
+    case $req in
+      nvidia-cuda-cupti-cu12==*) echo "$req"; return ;;
+      cuda-toolkit\[*cupti*\]==*) echo "cuda-toolkit[cupti]==${req##*==}"; return ;;
+    esac
+  done
+}
+set_name=NVIDIA_CU$CUDA_MAJOR[@]
+set_cupti=$(cupti_pin "${!set_name}")
+torch_cupti=$(cupti_pin "${torch_nvidia[@]}")
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+if [[ -n $torch_cupti && $torch_cupti != "$set_cupti" ]]; then
+  CUPTI_DIR=$MATRIX_DIR/cupti-cu$CUDA_MAJOR-${torch_cupti##*==}
+  if [[ ! -f $CUPTI_DIR/.complete ]]; then
+    log "installing $torch_cupti into $CUPTI_DIR (once)"
+    rm -rf "$CUPTI_DIR"
+    index_pip "$BASE_PYTHON" -m pip install -q --target "$CUPTI_DIR" --only-binary=:all: "$torch_cupti" 2>&1 |
+      grep -v "Running pip as the 'root' user" || true
+    touch "$CUPTI_DIR/.complete"
+  fi
+  # overlay SHARED CUPTI TARGET: TARGET holds a link to each entry of SHARED, or
+  # to CUPTI's entry of the same name; a directory both have is merged.
+  overlay() {
+    local shared=$1 cupti=$2 target=$3 entry name
+    mkdir -p "$target"
+    for entry in "$shared"/* "$cupti"/*; do
+      [[ -e $entry ]] || continue
+      name=${entry##*/}
+      [[ -e $target/$name || -L $target/$name ]] && continue
+      if [[ -d $shared/$name && ! -L $shared/$name && -d $cupti/$name ]]; then
+        overlay "$shared/$name" "$cupti/$name" "$target/$name"
+      elif [[ -e $cupti/$name ]]; then
+        ln -s "$cupti/$name" "$target/$name"
+      else
+        ln -s "$shared/$name" "$target/$name"
+      fi
+    done
+  }
+  if [[ "$(cat "$VENV/.cupti" 2>/dev/null)" != "$torch_cupti" ]]; then
+    log "site-packages/nvidia: the shared set, with $torch_cupti"
+    rm -rf "${site:?}/nvidia"
+    overlay "$NVIDIA_DIR/nvidia" "$CUPTI_DIR/nvidia" "$site/nvidia"
+    echo "$torch_cupti" > "$VENV/.cupti"
+  fi
+elif [[ ! -L $site/nvidia ]]; then
+  rm -rf "${site:?}/nvidia" "$VENV/.cupti"
+  ln -sfn "$NVIDIA_DIR/nvidia" "$site/nvidia"
 fi
 PYTHON=$VENV/bin/python
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" ||
