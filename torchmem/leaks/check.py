@@ -294,6 +294,13 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         return report
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        collector.pause_automatic_collections()  # first: see collector's note
+        try:
+            return self._exit(exc_type, exc)
+        finally:
+            collector.resume_automatic_collections()
+
+    def _exit(self, exc_type, exc) -> bool:
         entry = self._validated_open_entry()
         try:
             survivors = _C.close_scope(entry.scope)
