@@ -336,12 +336,16 @@ fi
 # --- torchmem, from a copy of the checkout ----------------------------------------
 log "copying the checkout to $CELL/src and building torchmem._C against torch $TORCH"
 # A fresh copy: files of an earlier copy that the checkout no longer has (another branch's
-# tests, sources CMake would glob) must not be built or run. The build directory is
-# outside src/, and tar keeps the files' times, so unchanged sources are not recompiled.
+# tests, sources CMake would glob) must not be built or run. Every file gets the time of
+# the copy (tar -m), so everything is recompiled (through ccache when present: unchanged
+# sources cost a cache hit): a cell is shared by checkouts of different branches, and a
+# source older than the object built from another checkout's version of it would not be
+# recompiled (the build compares times), linking a mix of both trees (seen: ODR violations
+# at the link and another branch's statistics keys in the CUDA suite).
 rm -rf "$CELL/src"
 mkdir -p "$CELL/src"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z |
-  tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$CELL/src"
+  tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xmf - -C "$CELL/src"
 (cd "$CELL/src" && TORCHMEM_BUILD_DIR=$CELL/build MAX_JOBS=$JOBS \
   TORCHMEM_CMAKE_ARGS="${CUDA_ARGS[*]:-}" "$PYTHON" setup.py -q build_ext --inplace 2>&1 |
   grep -v -E "^(running|copying|/.*Warning|  warnings.warn|!!|\*\*\*|$)" || true)
