@@ -41,4 +41,15 @@ set_target_properties(_C_cuda PROPERTIES
   BUILD_RPATH "\$ORIGIN/lib;${_torch_lib}"
   INSTALL_RPATH "\$ORIGIN/lib;${_torch_lib}"
   LIBRARY_OUTPUT_DIRECTORY ${TORCHMEM_PYTHON_OUTPUT_DIR})
+# No link-time optimization here. c10's allocator settings live in statics of
+# functions defined inline in its headers (CUDAAllocatorConfig::instance(),
+# and before torch 2.13 AcceleratorAllocatorConfig::getConfigParserHook()).
+# Each library that uses one carries a copy marked STB_GNU_UNIQUE, and the
+# dynamic linker binds every copy to the first one loaded (libc10's), so all
+# share one object. GCC's LTO (checked with 12.2) emits the copy as a plain
+# global instead: this module then binds to its own, and reads settings c10
+# never updates, or registers a hook c10 never calls (on torch 2.12,
+# _set_allocator_settings did not reach the engines).
+# tests/python/test_extension_check.py checks the built modules for such copies.
+set_property(TARGET _C_cuda PROPERTY INTERPROCEDURAL_OPTIMIZATION OFF)
 add_dependencies(torchmem_python_modules _C_cuda)

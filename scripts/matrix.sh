@@ -25,6 +25,8 @@
 #                         every environment through a symlink (see below)
 #   cuda12-toolkit/       CUDA 12 headers + libcudart.so.12 from NVIDIA's wheels (torch
 #                         cu12 builds compile against them; CUDA 13 uses the system toolkit)
+#   cupti-cuN-V/          CUPTI as torch's pin V gives it, where that differs from the
+#                         set's (torch 2.11-2.14 pin CUDA 13.0's; see "CUPTI" below)
 #   simcuda-cu12/, -cu13/ the simulated device as libcudart.so.12 / .13 (tests/simcuda)
 #   cells/py3.X-torchV/   venv/ (the interpreter from pyenv), src/ (a copy of the
 #                         checkout: tracked and untracked-not-ignored files), build/
@@ -221,6 +223,68 @@ PY
   fi
   cp "$CELL/requirements.txt" "$VENV/.requirements"
 fi
+# --- CUPTI: the version this torch pins ---------------------------------------------
+# The one exception to the shared set: CUPTI, which kineto (torch.profiler) loads
+# at startup, gets the version the torch wheel pins. Its newer releases are meant
+# to work with older clients on a real driver, but on the simulated device CUPTI
+# 13.2 (the set's, for torch 2.15) recurses until the stack overflows when
+# cuGetExportTable fails, and kineto of torch 2.12 subscribes to CUPTI when the
+# profiler first starts (2.14's does not); with the CUPTI 13.0 that 2.12 pins, the
+# failure is reported and the profiler records CPU events and memory as it would
+# on a GPU machine.
+# The environment's site-packages/nvidia is then a tree of links to the shared
+# set, with CUPTI's files linked from a CUPTI of that version (installed once).
+cupti_pin() {  # the CUPTI requirement in a list of requirements, as pip takes it
+  local req
+  for req in "$@"; do
+    req=${req%%;*} req=${req// /}
+    case $req in
+      nvidia-cuda-cupti-cu12==*) echo "$req"; return ;;
+      cuda-toolkit\[*cupti*\]==*) echo "cuda-toolkit[cupti]==${req##*==}"; return ;;
+    esac
+  done
+}
+set_name=NVIDIA_CU$CUDA_MAJOR[@]
+set_cupti=$(cupti_pin "${!set_name}")
+torch_cupti=$(cupti_pin "${torch_nvidia[@]}")
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+if [[ -n $torch_cupti && $torch_cupti != "$set_cupti" ]]; then
+  CUPTI_DIR=$MATRIX_DIR/cupti-cu$CUDA_MAJOR-${torch_cupti##*==}
+  if [[ ! -f $CUPTI_DIR/.complete ]]; then
+    log "installing $torch_cupti into $CUPTI_DIR (once)"
+    rm -rf "$CUPTI_DIR"
+    index_pip "$BASE_PYTHON" -m pip install -q --target "$CUPTI_DIR" --only-binary=:all: "$torch_cupti" 2>&1 |
+      grep -v "Running pip as the 'root' user" || true
+    touch "$CUPTI_DIR/.complete"
+  fi
+  # overlay SHARED CUPTI TARGET: TARGET holds a link to each entry of SHARED, or
+  # to CUPTI's entry of the same name; a directory both have is merged.
+  overlay() {
+    local shared=$1 cupti=$2 target=$3 entry name
+    mkdir -p "$target"
+    for entry in "$shared"/* "$cupti"/*; do
+      [[ -e $entry ]] || continue
+      name=${entry##*/}
+      [[ -e $target/$name || -L $target/$name ]] && continue
+      if [[ -d $shared/$name && ! -L $shared/$name && -d $cupti/$name ]]; then
+        overlay "$shared/$name" "$cupti/$name" "$target/$name"
+      elif [[ -e $cupti/$name ]]; then
+        ln -s "$cupti/$name" "$target/$name"
+      else
+        ln -s "$shared/$name" "$target/$name"
+      fi
+    done
+  }
+  if [[ "$(cat "$VENV/.cupti" 2>/dev/null)" != "$torch_cupti" ]]; then
+    log "site-packages/nvidia: the shared set, with $torch_cupti"
+    rm -rf "${site:?}/nvidia"
+    overlay "$NVIDIA_DIR/nvidia" "$CUPTI_DIR/nvidia" "$site/nvidia"
+    echo "$torch_cupti" > "$VENV/.cupti"
+  fi
+elif [[ ! -L $site/nvidia ]]; then
+  rm -rf "${site:?}/nvidia" "$VENV/.cupti"
+  ln -sfn "$NVIDIA_DIR/nvidia" "$site/nvidia"
+fi
 PYTHON=$VENV/bin/python
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" ||
   die "torch $TORCH does not import in $VENV"
@@ -272,33 +336,20 @@ fi
 # --- torchmem, from a copy of the checkout ----------------------------------------
 log "copying the checkout to $CELL/src and building torchmem._C against torch $TORCH"
 # A fresh copy: files of an earlier copy that the checkout no longer has (another branch's
-# tests, sources CMake would glob) must not be built or run. The build directory is
-# outside src/ and is reused, so the files' times must tell the build what changed since
-# the objects there were compiled, which was from the previous copy: a file identical to
-# the previous copy keeps that copy's time (not recompiled), every other file gets the time
-# of this copy (recompiled). Not the checkout's own times: the cell is shared by every
-# worktree that runs it, and a file of this worktree can be older than an object built
-# from another worktree's different version of it (the build then silently linked the
-# other branch's objects). A previous copy without the stamp (made by an older matrix.sh,
-# or interrupted) proves nothing: then everything is recompiled.
-STAMP=.matrix-copy
-rm -rf "$CELL/src.previous"
-if [[ -f $CELL/src/$STAMP ]]; then mv "$CELL/src" "$CELL/src.previous"; else rm -rf "$CELL/src"; fi
+# tests, sources CMake would glob) must not be built or run. Every file gets the time of
+# the copy (tar -m), so everything is recompiled (through ccache when present: unchanged
+# sources cost a cache hit): a cell is shared by checkouts of different branches, and a
+# source older than the object built from another checkout's version of it would not be
+# recompiled (the build compares times), linking a mix of both trees (seen: ODR violations
+# at the link and another branch's statistics keys in the CUDA suite).
+rm -rf "$CELL/src"
 mkdir -p "$CELL/src"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z |
   tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xmf - -C "$CELL/src"
-if [[ -d $CELL/src.previous ]]; then
-  (cd "$CELL/src" && find . -type f -print0 | while IFS= read -r -d '' file; do
-    if cmp -s "$file" "../src.previous/$file"; then touch -r "../src.previous/$file" "$file"; fi
-  done)
-  rm -rf "$CELL/src.previous"
-fi
 (cd "$CELL/src" && TORCHMEM_BUILD_DIR=$CELL/build MAX_JOBS=$JOBS \
   TORCHMEM_CMAKE_ARGS="${CUDA_ARGS[*]:-}" "$PYTHON" setup.py -q build_ext --inplace 2>&1 |
   grep -v -E "^(running|copying|/.*Warning|  warnings.warn|!!|\*\*\*|$)" || true)
 "$PYTHON" -c "import sys; sys.path.insert(0, '$CELL/src'); import torchmem, torch; print('torchmem imports with torch', torch.__version__)"
-# The objects in $CELL/build now match this copy (see above).
-touch "$CELL/src/$STAMP"
 
 # --- the Python suite ---------------------------------------------------------------
 cd "$CELL/src"

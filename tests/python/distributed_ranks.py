@@ -229,12 +229,25 @@ def four_ranks(rank: int, world_size: int) -> dict:
 # --- failures ---------------------------------------------------------------------------------
 
 
-def crash_inside_a_check(rank: int, world_size: int) -> dict:
-    """Rank 1 dies (no exception, no exit handlers) inside a collective check."""
+def crash_inside_a_check(rank: int, world_size: int, store_path: str) -> dict:
+    """Rank 1 dies (no exception, no exit handlers) inside a collective check, once rank 0 is
+    inside it too.
+
+    Ordered through a store of its own, not by timing: a barrier first, so that every rank has
+    finished init_process_group (Gloo connects the ranks there; a rank that dies while another
+    still connects fails that one's init_process_group, outside any check), and rank 1 dies only
+    after rank 0 has left the barrier and entered the check. The next thing rank 0 does is the
+    check's exchange, which must fail at once.
+    """
+    store = dist.FileStore(store_path, world_size)
+    dist.barrier()
 
     def body():
         with tmd.leak_check():
-            if rank == 1:
+            if rank == 0:
+                store.set("rank 0 is inside the check", "1")
+            else:
+                store.wait(["rank 0 is inside the check"])
                 os._exit(7)
 
     started = time.monotonic()

@@ -8,6 +8,7 @@ the same allocation stack and holder type, step after step) is counted: the Comp
 from __future__ import annotations
 
 import functools
+import gc
 
 import pytest
 import torch
@@ -143,6 +144,25 @@ def test_always_counts_every_cycle_and_never_counts_none(policy, counted):
 
     assert report.cycle and all(finding.counted is counted for finding in report.cycle)
     assert report.cycle_policy == policy
+
+
+def test_a_collection_due_while_the_check_exits_does_not_hide_a_cycle():
+    # The exit allocates (survivor records, lists) before its own collection. With the
+    # collector's count at its threshold, an automatic collection there would free the
+    # cycle unseen, and the report would say nothing: the exit pauses the collector first.
+    with torchmem.leak_check(raise_on_leak=False):
+        pass  # the exit's code has run once (Python 3.10 then reuses its frames)
+    threshold = gc.get_threshold()
+    try:
+        with collector_paused(), torchmem.leak_check(raise_on_leak=False, cycles="always") as report:
+            build_and_drop_one_metric()
+            gc.enable()
+            gc.set_threshold(1)  # the next tracked allocation collects
+    finally:
+        gc.set_threshold(*threshold)
+
+    assert len(report.cycle) == 1 and report.cycle[0].counted
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize(

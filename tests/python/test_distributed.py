@@ -89,9 +89,10 @@ def test_a_rank_that_arrives_after_the_timeout_fails_every_rank_within_it(four_r
     assert "rank 3 did not arrive within 1 s" in late[0]["message"]  # rank 0 knows who
 
 
-def test_a_rank_that_crashes_inside_a_check_fails_the_others_at_once():
+def test_a_rank_that_crashes_inside_a_check_fails_the_others_at_once(tmp_path):
     with pytest.raises(tmd.SpawnError) as raised:
-        tmd.spawn(ranks.crash_inside_a_check, world_size=2, check=False, timeout=TIMEOUT)
+        tmd.spawn(ranks.crash_inside_a_check, world_size=2, args=(str(tmp_path / "store"),), check=False,
+                  timeout=TIMEOUT)
     error = raised.value
     assert "rank 1" in str(error) and "exited with code 7" in error.failures[1]
     survivor = error.results[0]

@@ -22,8 +22,9 @@ as it reads" says the same for users):
    ``allow_held_by`` hold it).
 
 Cost: a check that leaves nothing behind costs a scope open and close, an O(1) freeze and
-thaw of the collector's generations (``collector``) and stack capture while open (a
-fraction of a microsecond per allocation); no garbage collection. One with survivors
+thaw of the collector's generations (``collector``), a pause of its automatic collections
+while the exit runs, and stack capture while open (a fraction of a microsecond per
+allocation); no garbage collection. One with survivors
 collects only the objects made while it was open, and runs the owner search for blocks
 that survive that.
 """
@@ -294,6 +295,13 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         return report
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        collector.pause_automatic_collections()  # first: see collector's note
+        try:
+            return self._exit(exc_type, exc)
+        finally:
+            collector.resume_automatic_collections()
+
+    def _exit(self, exc_type, exc) -> bool:
         entry = self._validated_open_entry()
         try:
             survivors = _C.close_scope(entry.scope)

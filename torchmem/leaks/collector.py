@@ -37,7 +37,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-__all__ = ["Freeze", "open_freeze", "close_freeze", "thaw", "is_frozen", "collect_saving_garbage"]
+__all__ = ["Freeze", "open_freeze", "close_freeze", "thaw", "is_frozen", "collect_saving_garbage",
+           "pause_automatic_collections", "resume_automatic_collections"]
 
 
 @dataclass(eq=False)
@@ -113,10 +114,55 @@ def forget_after_fork() -> None:
         gc.unfreeze()
     _state.open = 0
     _state.frozen = False
+    _pause.lock = threading.Lock()
+    if _pause.depth and _pause.was_enabled:
+        gc.enable()
+    _pause.depth = 0
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=forget_after_fork)
+
+
+class _Pause:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.depth = 0  # exits in progress, on any thread
+        self.was_enabled = False  # the collector's state when the first of them began
+
+
+_pause = _Pause()
+
+
+def pause_automatic_collections() -> None:
+    """No automatic collection until ``resume_automatic_collections()``: for a check's exit.
+
+    The exit's own code allocates (the survivors' records, the classifier's lists) before
+    its saving collection runs. If those allocations crossed the collector's threshold, an
+    automatic collection would free cycle-held survivors unseen: they would look released
+    by another thread and vanish from the report, or not, depending on where the
+    collector's allocation count happened to stand. So the exit pauses the collector first
+    (this function allocates no tracked object before ``gc.disable()``). Nested and
+    concurrent exits share one pause: the first records whether the collector was enabled,
+    the last restores that.
+    """
+    # acquire()/release(), not `with`: binding the lock's __enter__/__exit__ allocates.
+    _pause.lock.acquire()
+    try:
+        if _pause.depth == 0:
+            _pause.was_enabled = gc.isenabled()
+            gc.disable()
+        _pause.depth += 1
+    finally:
+        _pause.lock.release()
+
+
+def resume_automatic_collections() -> None:
+    """Ends a ``pause_automatic_collections()``."""
+    with _pause.lock:
+        _pause.depth -= 1
+        if _pause.depth == 0 and _pause.was_enabled:
+            gc.enable()
 
 
 def collect_saving_garbage() -> list:
