@@ -292,6 +292,10 @@ absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
 }
 
 void Engine::SplitBlock(Block* block, std::size_t size) {
+  // A split segment holds the memory of more than the allocation that made
+  // it: from now on it names no allocating context (PyTorch's rule: its
+  // snapshot names a segment's cudaMalloc site only while it is unsplit).
+  block->segment->context = kNoContext;
   RemoveInactiveSplit(block);
   Block* rest = NewBlock();
   rest->address = block->address + size;
@@ -334,6 +338,12 @@ void Engine::AbsorbNeighbour(Block* block, Block* neighbour) {
   RemoveInactiveSplit(block);
   RemoveInactiveSplit(neighbour);
   block->size += neighbour->size;
+  // The merged block remembers the newest allocation made from its memory:
+  // PyTorch's snapshots show a free block's last requested size.
+  if (neighbour->sequence > block->sequence) {
+    block->requested_size = neighbour->requested_size;
+    block->sequence = neighbour->sequence;
+  }
   block->next = neighbour->next;
   if (neighbour->next != nullptr) neighbour->next->prev = block;
   blocks_.erase(neighbour->address);
@@ -767,6 +777,8 @@ BlockInfo Engine::DescribeBlock(const Block& block) {
     info.scope = block.scope;
     info.context = block.context;
     info.sequence = block.sequence;
+  } else {
+    info.last_requested_size = block.requested_size;
   }
   return info;
 }

@@ -79,6 +79,37 @@ def test_context_state_keeps_stacks_for_live_blocks_only():
     del tensor
 
 
+def test_context_state_names_no_allocation_of_freed_memory():
+    torch.cuda.empty_cache()
+    record("all", context="state", stacks="python")
+    freed = torch.empty(1000, device="cuda")  # splits a fresh 2 MiB segment
+    address = freed.data_ptr()
+    del freed
+    segment = next(s for s in torch.cuda.memory._snapshot()["segments"] if s["address"] == address)
+    # A split segment names no allocation (PyTorch's rule), its free block none either.
+    assert segment["frames"] == [] and [b["frames"] for b in segment["blocks"]] == [[]]
+
+
+def test_an_unsplit_segment_names_the_allocation_that_made_it():
+    torch.cuda.empty_cache()
+    record("all", context="state", stacks="python")
+    whole = torch.empty(30 << 20, dtype=torch.uint8, device="cuda")  # the whole-segment line
+    address = whole.data_ptr()
+    del whole
+    segment = next(s for s in torch.cuda.memory._snapshot()["segments"] if s["address"] == address)
+    assert here(segment["frames"])[0] == line_marked("# the whole-segment line")  # as PyTorch's
+
+
+def test_a_free_block_reports_the_last_request_made_from_it():
+    torch.cuda.empty_cache()
+    first = torch.empty(1000, device="cuda")
+    last = torch.empty(3000, dtype=torch.uint8, device="cuda")
+    del first, last  # merge back into one free 2 MiB block
+    blocks = [block for segment in torch.cuda.memory._snapshot()["segments"]
+              for block in segment["blocks"]]
+    assert [(b["state"], b["requested_size"]) for b in blocks] == [("inactive", 3000)]
+
+
 def test_max_entries_keeps_the_newest_and_clear_history_drops_them():
     record("all", context="all", stacks="python", max_entries=4)
     sizes = [(n + 1) << 20 for n in range(6)]

@@ -122,7 +122,8 @@ cca::SegmentInfo ToTorch(const SegmentInfo& segment, int device, c10::MempoolId_
   for (const BlockInfo& block : segment.blocks) {
     cca::BlockInfo info;
     info.size = block.size;
-    info.requested_size = block.requested_size;
+    info.requested_size = block.state == BlockState::kFree ? block.last_requested_size
+                                                           : block.requested_size;
     info.allocated = block.state == BlockState::kAllocated;
     info.active = block.state != BlockState::kFree;
     if (with_contexts && info.active) info.context_when_allocated = contexts.Get(block.context);
