@@ -94,7 +94,7 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
         size, FormatBytes(static_cast<std::int64_t>(kMaxRequestBytes))));
   }
   const Attribution attribution = CurrentAttribution();
-  const ContextId context = CaptureContext();
+  const ContextId context = CaptureContext(&context_capture_override_);
   absl::Status failure;
   {
     MutexLock lock(&mutex_);
@@ -394,25 +394,26 @@ void Engine::MarkAllocated(Block* block, std::size_t requested, const Attributio
 
 // The context of a free, for traces that want the freeing code's stack
 // (captured before the lock: the hook must not run under it).
-static ContextId FreeContext(const std::atomic<bool>& wanted) {
-  return ABSL_PREDICT_FALSE(wanted.load(std::memory_order_relaxed)) ? CaptureContext()
+static ContextId FreeContext(const std::atomic<bool>& wanted,
+                             const std::atomic<ContextCaptureFn>& override_hook) {
+  return ABSL_PREDICT_FALSE(wanted.load(std::memory_order_relaxed)) ? CaptureContext(&override_hook)
                                                                     : kNoContext;
 }
 
 absl::Status Engine::Free(void* ptr) {
-  const ContextId context = FreeContext(trace_free_context_);
+  const ContextId context = FreeContext(trace_free_context_, context_capture_override_);
   MutexLock lock(&mutex_);
   return FreeLocked(ptr, nullptr, context);
 }
 
 absl::Status Engine::FreeSized(void* ptr, std::size_t requested_size) {
-  const ContextId context = FreeContext(trace_free_context_);
+  const ContextId context = FreeContext(trace_free_context_, context_capture_override_);
   MutexLock lock(&mutex_);
   return FreeLocked(ptr, &requested_size, context);
 }
 
 absl::StatusOr<bool> Engine::FreeIfOwned(void* ptr) {
-  const ContextId context = FreeContext(trace_free_context_);
+  const ContextId context = FreeContext(trace_free_context_, context_capture_override_);
   MutexLock lock(&mutex_);
   if (!blocks_.contains(reinterpret_cast<std::uintptr_t>(ptr))) return false;
   absl::Status freed = FreeLocked(ptr, nullptr, context);
@@ -606,6 +607,10 @@ void Engine::SetTraceSkipActions(std::uint32_t mask) {
 
 void Engine::SetTraceFreeContext(bool capture_at_free) {
   trace_free_context_.store(capture_at_free, std::memory_order_relaxed);
+}
+
+void Engine::SetContextCaptureOverride(ContextCaptureFn hook) {
+  context_capture_override_.store(hook, std::memory_order_release);
 }
 
 void Engine::SetTraceListener(TraceListener listener) {
