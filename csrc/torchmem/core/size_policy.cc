@@ -40,7 +40,8 @@ absl::Status SizePolicy::Validate() const {
           "size policy: roundup_power2_divisions must be powers of two, got %d", divisions));
     }
   }
-  // PyTorch's floor for max_split_size_mb (its kLargeBuffer), whatever the
+  // PyTorch's floor for max_split_size_mb (its kLargeBuffer; torch 2.9's
+  // parser wants more, 2.10 and later accept it exactly), whatever the
   // shared segment size: at 20 MiB a fresh shared segment is oversize, yet
   // split for the medium request that made it (the request decides), and
   // once whole again serves only oversize requests, as in PyTorch.

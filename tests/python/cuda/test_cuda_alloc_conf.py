@@ -80,14 +80,19 @@ print(json.dumps({"layout": layout, "stats": {k: v for k, v in stats.items()
 """
 
 
+# PyTorch's parser wants max_split_size_mb >= 20 from torch 2.10 (> 20 in 2.9).
+SMALLEST_MAX_SPLIT_MB = 21 if TORCH < "2.10" else 20
+
+
 def test_the_smallest_max_split_size_pytorch_accepts_is_honoured_as_pytorch_does():
-    conf = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:20"}
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": f"max_split_size_mb:{SMALLEST_MAX_SPLIT_MB}"}
     native = run(SMALLEST_MAX_SPLIT_STEPS, "native", env=conf)
     ours = run(SMALLEST_MAX_SPLIT_STEPS, "torchmem", env=conf)
     assert ours == native
-    assert native["stats"]["max_split_size"] == 20 << 20
-    assert [blocks for _, blocks in native["layout"]] == [
-        [[4 << 20, "active_allocated"], [16 << 20, "inactive"]], [[20 << 20, "inactive"]]]
+    assert native["stats"]["max_split_size"] == SMALLEST_MAX_SPLIT_MB << 20
+    if SMALLEST_MAX_SPLIT_MB == 20:  # the 20 MiB shared segment is itself oversize
+        assert [blocks for _, blocks in native["layout"]] == [
+            [[4 << 20, "active_allocated"], [16 << 20, "inactive"]], [[20 << 20, "inactive"]]]
 
 
 def test_unimplemented_keys_warn_once_each_and_pinned_keys_are_pytorchs():
