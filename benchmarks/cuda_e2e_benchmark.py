@@ -24,6 +24,11 @@ before CUDA is initialized):
   leak scope and turns on Python stack capture (every allocation records its stack);
 * ``torchmem_pluggable`` (optional, ``--variants``): the reduced route, a
   ``CUDAPluggableAllocator`` over torchmem's exported C entry points;
+* ``torchmem_vmm`` (optional, ``--variants``): ``torchmem.install()`` with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: torchmem's virtual-memory backend
+  (cuMem* calls on the simulated device);
+* ``native_expandable`` (optional, ``--variants``): PyTorch's allocator with
+  ``expandable_segments:True`` (the simulated NVML is preloaded for it, as PyTorch needs);
 * ``native_history`` (optional, ``--variants``): the native allocator with
   ``torch.cuda.memory._record_memory_history(stacks="python")``, PyTorch's own way to
   record allocation stacks, for comparison with ``torchmem_leak_check``.
@@ -72,7 +77,9 @@ from bench_util import at_depth, format_bytes, frames_here, parse_size
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check", "torchmem_pluggable",
-            "native_history")
+            "native_history", "torchmem_vmm", "native_expandable")
+# Variants run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+EXPANDABLE_VARIANTS = ("torchmem_vmm", "native_expandable")
 DEFAULT_VARIANTS = ("native", "torchmem", "torchmem_tag", "torchmem_leak_check")
 BASELINE = "native"
 DEFAULT_SIZES = [4 << 10, 1 << 20, 16 << 20]
@@ -238,6 +245,8 @@ def worker(variant: str, cases: list[str], batch_seconds: float, batches: int, c
         check["stack_table"] = {k: v for k, v in torchmem._C.capture_stats().items()
                                 if k in ("interned_stacks", "distinct_frames")}
         check["extension"] = torchmem._C.__file__
+        # Where the blocks came from: pages mapped (virtual memory) or cudaMalloc'd segments.
+        check["vmm_maps"] = torchmem.memory_stats("cuda").get("vmm.num_map", 0)
     else:
         check["native_allocations"] = torch.cuda.memory_stats(0).get(
             "allocation.all.allocated", 0)
@@ -270,6 +279,12 @@ def run_worker(variant: str, args: argparse.Namespace, env: dict) -> dict:
                "--apis", ",".join(args.apis), "--sizes", ",".join(str(s) for s in args.sizes),
                "--batch-seconds", str(args.batch_seconds), "--batches", str(args.batches),
                "--clock", args.clock, "--depth", str(args.depth)]
+    if variant in EXPANDABLE_VARIANTS:
+        env = dict(env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+        if variant == "native_expandable":  # PyTorch's expandable segments need NVML
+            import simcuda  # on sys.path since simulated_environment()
+
+            env["LD_PRELOAD"] = simcuda.preload(nvml=True)
     completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if completed.returncode != 0:
         sys.exit(f"cuda_e2e_benchmark: the {variant} worker failed (exit "

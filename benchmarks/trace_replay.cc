@@ -31,9 +31,12 @@
 //   pytorch  the engine as torchmem ships it: PyTorch's size policy and
 //            placement (best fit, PyTorch's tie-breaks), segments from the
 //            backend. run_all's "torchmem (PyTorch-identical)" column.
-// A virtual-memory variant ("vmm", issue 12: segments that grow in place,
-// pages mapped where needed) is added to Variants() once the engine has a
-// VMM backend; until then run_all reports that column as not built.
+//   vmm      the virtual-memory placement (expandable_segments:True): one
+//            address range per pool, page fit, 2 MiB pages mapped where live
+//            blocks are, lazy unmapping with highest-address stealing
+//            (Placement::kVirtualMemory). run_all's "torchmem VMM" column;
+//            reserved bytes are the mapped pages, and the rows count the
+//            backend's map and unmap calls.
 //
 // Output per trace: ops replayed, peak reserved / allocated / requested,
 // final reserved, device (backend segment) allocs and frees, ns per op
@@ -136,6 +139,17 @@ std::unique_ptr<Engine> NewPyTorchIdenticalEngine() {
   return std::make_unique<Engine>(std::make_unique<torchmem::ControlledBackend>(options));
 }
 
+std::unique_ptr<Engine> NewVirtualMemoryEngine() {
+  torchmem::ControlledBackendOptions options;
+  options.device_name = "replay:0";
+  options.capacity_bytes = std::size_t{1} << 50;
+  options.auto_complete_events = true;
+  torchmem::EngineOptions engine_options;
+  engine_options.placement = torchmem::Placement::kVirtualMemory;
+  return std::make_unique<Engine>(std::make_unique<torchmem::ControlledBackend>(options),
+                                  engine_options);
+}
+
 // The engine variants this build replays, in report order.
 const std::vector<Variant>& Variants() {
   static const std::vector<Variant> variants = {
@@ -143,6 +157,10 @@ const std::vector<Variant>& Variants() {
        "PyTorch's size policy and best-fit placement over backend segments (torchmem's "
        "default)",
        &NewPyTorchIdenticalEngine},
+      {"vmm",
+       "virtual-memory placement (expandable_segments:True): page fit in one address range per "
+       "pool, 2 MiB pages mapped on demand, lazy unmapping, highest-address stealing",
+       &NewVirtualMemoryEngine},
   };
   return variants;
 }
@@ -310,11 +328,14 @@ std::string ReplayTrace(const Trace& trace, const Variant& variant, const Option
   std::vector<double> warm_ns_per_op;
   std::int64_t warm_device_allocs = 0;
   std::int64_t warm_peak_reserved = 0;
+  std::int64_t warm_vmm_maps = 0;
+  std::int64_t warm_vmm_unmaps = 0;
   if (options.warm_passes > 0) {
     std::unique_ptr<Engine> warm = variant.make();
     (void)Replay(
         trace, *warm, options.empty_cache, [](Engine&) {}, true);
-    const std::int64_t device_allocs_before = warm->GetStats().num_device_alloc;
+    const MemoryStats warm_before = warm->GetStats();
+    const std::int64_t device_allocs_before = warm_before.num_device_alloc;
     for (int pass = 0; pass < options.warm_passes; ++pass) {
       const double start = NowNs(options.cpu_clock);
       ReplayCounts warm_counts = Replay(
@@ -325,6 +346,8 @@ std::string ReplayTrace(const Trace& trace, const Variant& variant, const Option
     }
     const MemoryStats warm_stats = warm->GetStats();
     warm_device_allocs = warm_stats.num_device_alloc - device_allocs_before;
+    warm_vmm_maps = warm_stats.vmm.maps - warm_before.vmm.maps;
+    warm_vmm_unmaps = warm_stats.vmm.unmaps - warm_before.vmm.unmaps;
     warm_peak_reserved = warm_stats.reserved_bytes.all().peak;
     std::sort(warm_ns_per_op.begin(), warm_ns_per_op.end());
   }
@@ -346,6 +369,8 @@ std::string ReplayTrace(const Trace& trace, const Variant& variant, const Option
       "\"ns_per_op\": %.1f, \"clock\": \"%s\", \"timed_repeats\": %d, "
       "\"warm_ns_per_op\": %.1f, \"warm_passes\": %d, \"warm_device_allocs\": %d, "
       "\"warm_peak_reserved_bytes\": %d, "
+      "\"vmm_maps\": %d, \"vmm_unmaps\": %d, \"vmm_creates\": %d, \"vmm_steals\": %d, "
+      "\"vmm_set_access\": %d, \"warm_vmm_maps\": %d, \"warm_vmm_unmaps\": %d, "
       "\"fragmentation_at_peak_reserved\": %s, \"fragmentation_at_peak_allocated\": %s",
       JsonString(trace.name), JsonString(variant.name), trace.events.size(), counts.ops, counts.allocs, counts.frees,
       counts.empty_caches, counts.unknown_frees, counts.implicit_frees, counts.zero_size_allocs,
@@ -356,7 +381,9 @@ std::string ReplayTrace(const Trace& trace, const Variant& variant, const Option
           : static_cast<double>(peak_reserved) / static_cast<double>(peak_requested),
       stats.num_device_alloc, stats.num_device_free, median_ns,
       options.cpu_clock ? "cpu" : "wall", options.repeat, warm_median_ns,
-      options.warm_passes, warm_device_allocs, warm_peak_reserved,
+      options.warm_passes, warm_device_allocs, warm_peak_reserved, stats.vmm.maps,
+      stats.vmm.unmaps, stats.vmm.creates, stats.vmm.steals, stats.vmm.set_access, warm_vmm_maps,
+      warm_vmm_unmaps,
       FragmentationJson(at_peak_reserved), FragmentationJson(at_peak_allocated));
   if (!counts.first_error.empty()) {
     absl::StrAppend(&json, ", \"first_error\": ", JsonString(counts.first_error));

@@ -273,15 +273,32 @@ fi
 log "copying the checkout to $CELL/src and building torchmem._C against torch $TORCH"
 # A fresh copy: files of an earlier copy that the checkout no longer has (another branch's
 # tests, sources CMake would glob) must not be built or run. The build directory is
-# outside src/, and tar keeps the files' times, so unchanged sources are not recompiled.
-rm -rf "$CELL/src"
+# outside src/ and is reused, so the files' times must tell the build what changed since
+# the objects there were compiled, which was from the previous copy: a file identical to
+# the previous copy keeps that copy's time (not recompiled), every other file gets the time
+# of this copy (recompiled). Not the checkout's own times: the cell is shared by every
+# worktree that runs it, and a file of this worktree can be older than an object built
+# from another worktree's different version of it (the build then silently linked the
+# other branch's objects). A previous copy without the stamp (made by an older matrix.sh,
+# or interrupted) proves nothing: then everything is recompiled.
+STAMP=.matrix-copy
+rm -rf "$CELL/src.previous"
+if [[ -f $CELL/src/$STAMP ]]; then mv "$CELL/src" "$CELL/src.previous"; else rm -rf "$CELL/src"; fi
 mkdir -p "$CELL/src"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z |
-  tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$CELL/src"
+  tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xmf - -C "$CELL/src"
+if [[ -d $CELL/src.previous ]]; then
+  (cd "$CELL/src" && find . -type f -print0 | while IFS= read -r -d '' file; do
+    if cmp -s "$file" "../src.previous/$file"; then touch -r "../src.previous/$file" "$file"; fi
+  done)
+  rm -rf "$CELL/src.previous"
+fi
 (cd "$CELL/src" && TORCHMEM_BUILD_DIR=$CELL/build MAX_JOBS=$JOBS \
   TORCHMEM_CMAKE_ARGS="${CUDA_ARGS[*]:-}" "$PYTHON" setup.py -q build_ext --inplace 2>&1 |
   grep -v -E "^(running|copying|/.*Warning|  warnings.warn|!!|\*\*\*|$)" || true)
 "$PYTHON" -c "import sys; sys.path.insert(0, '$CELL/src'); import torchmem, torch; print('torchmem imports with torch', torch.__version__)"
+# The objects in $CELL/build now match this copy (see above).
+touch "$CELL/src/$STAMP"
 
 # --- the Python suite ---------------------------------------------------------------
 cd "$CELL/src"

@@ -212,6 +212,9 @@ class Fuzzer {
   void Run() {
     while (!in_.done() && op_index_ < 4096) {
       const Op op = static_cast<Op>(in_.U8() % kNumOps);
+      if (std::getenv("TORCHMEM_FUZZ_TRACE") != nullptr) {
+        std::fprintf(stderr, "op %d: %d\n", op_index_ + 1, static_cast<int>(op));
+      }
       const Before before = Snapshot();
       switch (op) {
         case kAllocate:
@@ -389,7 +392,18 @@ class Fuzzer {
   }
 
   void DoAllocate(const Before& before) {
-    const std::size_t size = RandomSize();
+    std::size_t size = RandomSize();
+    // Under the virtual-memory placement each 2 MiB page of a block is an
+    // entry in the engine's page table: a block near the capacity of a
+    // multi-TiB controlled device would need tens of millions of them (a
+    // real device has about 100 thousand pages), more than the fuzzer's
+    // memory. Such blocks stay under 64 GiB; larger than the device they
+    // still fail fast.
+    constexpr std::size_t kMaxVmmBlock = std::size_t{64} << 30;
+    if (engine_->placement() == Placement::kVirtualMemory && size > kMaxVmmBlock &&
+        size <= controlled_capacity_ + controlled_capacity_ / 8) {
+      size = kMaxVmmBlock;
+    }
     const StreamId stream = RandomStream();
     if (live_.size() >= kMaxLiveBlocks) return;
     const std::size_t limit = engine_->memory_limit();
@@ -541,7 +555,11 @@ class Fuzzer {
     const absl::Status status = engine_->EmptyCache();
     if (!status.ok()) {
       CheckInjected(status, before, "EmptyCache");
-      FUZZ_CHECK(absl::StrContains(status.message(), "ReleaseSegment"),
+      // Releasing a segment, or (virtual memory) unmapping a range's cached
+      // pages or giving its address space back.
+      FUZZ_CHECK(absl::StrContains(status.message(), "ReleaseSegment") ||
+                     absl::StrContains(status.message(), "UnmapPages") ||
+                     absl::StrContains(status.message(), "ReleaseAddressRange"),
                  "EmptyCache fails only by releasing: ", status.ToString());
     }
   }
@@ -726,7 +744,10 @@ class Fuzzer {
         FUZZ_CHECK(all.allocated_bytes == allocated, "fragmentation: allocated");
         FUZZ_CHECK(all.requested_bytes == stats.requested_bytes.all().current,
                    "fragmentation: requested");
-        FUZZ_CHECK(all.free_bytes + all.pending_free_bytes + all.allocated_bytes == reserved,
+        // In a virtual-memory range the mapped pages, not the blocks, are
+        // what is reserved: the identity holds for segments only.
+        FUZZ_CHECK(stats.vmm.reserved_address_bytes != 0 ||
+                       all.free_bytes + all.pending_free_bytes + all.allocated_bytes == reserved,
                    "fragmentation: free + pending + allocated == reserved");
         FUZZ_CHECK(all.largest_free_extent <= all.free_bytes, "fragmentation: largest extent");
         FUZZ_CHECK(all.external_fragmentation >= 0.0 && all.external_fragmentation <= 1.0,
@@ -760,7 +781,10 @@ class Fuzzer {
         std::int64_t sum = 0;
         const std::vector<SegmentInfo> segments = engine_->GetSegments();
         for (const SegmentInfo& segment : segments) {
-          sum += static_cast<std::int64_t>(segment.size);
+          // A virtual-memory range holds its mapped pages, not its address space.
+          sum += static_cast<std::int64_t>(segment.mapped_bytes);
+          FUZZ_CHECK(segment.vmm || segment.mapped_bytes == segment.size,
+                     "a segment holds its size");
           std::uintptr_t at = segment.address;
           for (const BlockInfo& block : segment.blocks) {
             FUZZ_CHECK(block.address == at, "segment blocks are contiguous");
@@ -974,7 +998,16 @@ class Fuzzer {
 
   void DoConfig() {
     SizePolicy policy = engine_->policy();
-    switch (in_.U8() % 4) {
+    switch (in_.U8() % 5) {
+      case 4: {
+        // Expandable segments on or off: blocks of both kinds then coexist.
+        const Placement placement =
+            in_.U8() % 2 == 0 ? Placement::kVirtualMemory : Placement::kPyTorch;
+        const absl::Status placed = engine_->SetPlacement(placement);
+        FUZZ_CHECK(placed.ok() || faults_->total_failures() > 0,
+                   "SetPlacement failed with no fault armed: ", placed.ToString());
+        return;
+      }
       case 0:
         policy.max_split_size = in_.U8() % 2 == 0 ? SizePolicy::kNoMaxSplit
                                                   : (std::size_t{20} + in_.U8() % 64) * kMiB;
@@ -1015,11 +1048,18 @@ class Fuzzer {
     const absl::Status matches = testing::CheckEngineMatchesLiveBlocks(*engine_, live_);
     FUZZ_CHECK(matches.ok(), matches.ToString());
     const MemoryStats stats = engine_->GetStats();
-    FUZZ_CHECK(static_cast<std::size_t>(stats.reserved_bytes.all().current) ==
+    // The backend also holds the pages a failing release could not give
+    // back (counted as lost), and virtual-memory ranges count as segments.
+    const std::int64_t lost_bytes = stats.vmm.lost_pages * stats.vmm.page_size;
+    FUZZ_CHECK(static_cast<std::size_t>(stats.reserved_bytes.all().current + lost_bytes) ==
                    controlled_->live_segment_bytes(),
-               "reserved ", stats.reserved_bytes.all().current, ", the backend holds ",
-               controlled_->live_segment_bytes());
-    FUZZ_CHECK(stats.segment.all().current == controlled_->live_segments(), "segment count");
+               "reserved ", stats.reserved_bytes.all().current, " and lost ", lost_bytes,
+               ", the backend holds ", controlled_->live_segment_bytes());
+    FUZZ_CHECK(stats.segment.all().current ==
+                   controlled_->live_segments() + controlled_->reserved_ranges(),
+               "segment count");
+    FUZZ_CHECK(stats.vmm.mapped_bytes == controlled_->mapped_pages() * stats.vmm.page_size,
+               "mapped pages");
   }
 
   // The faults stop: pending work completes, everything is freed, and

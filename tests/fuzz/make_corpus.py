@@ -27,7 +27,9 @@ BOUNDARIES = ["1", "511", "512", "513", "4096", "1M-512", "1M", "1M+1", "2M-512"
               "max-1", "max", "max+1", "SIZE_MAX"]
 # Backend calls, in the order of kAllBackendCalls.
 CALLS = ["AllocateSegment", "ReleaseSegment", "Capacity", "CheckSegmentAllocationAllowed",
-         "RecordEvent", "QueryEvent", "SynchronizeEvent"]
+         "RecordEvent", "QueryEvent", "SynchronizeEvent", "VirtualMemoryPageSize",
+         "ReserveAddressRange", "ReleaseAddressRange", "CreatePhysicalPage",
+         "ReleasePhysicalPage", "MapPage", "SetAccess", "UnmapPages"]
 INTERNAL, RESOURCE_EXHAUSTED, UNAVAILABLE = 13, 8, 14  # absl::StatusCode values
 STREAMS = 4
 

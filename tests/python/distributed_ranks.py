@@ -254,6 +254,10 @@ def barrier_inside_a_check(rank: int, world_size: int) -> dict:
 
 def destroyed_group(rank: int, world_size: int) -> dict:
     """The process group is destroyed before a collective check: a clear error, at once."""
+    # Every rank past init_process_group first: a rank that destroyed its group and exited
+    # while Gloo still connected the other failed that rank's init ("Connection closed by
+    # peer"), as it did under load.
+    dist.barrier()
     dist.destroy_process_group()
     return _outcome(_enter_exit)
 

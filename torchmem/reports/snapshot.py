@@ -175,7 +175,13 @@ def _device_indices(devices: list[_report_devices.ReportDevice]) -> dict[str, in
 def _segment(raw: dict, device_index: int, frames: _FrameCache) -> dict:
     blocks = []
     allocated_size = active_size = requested_size = 0
-    for block in raw["blocks"]:
+    raw_blocks = raw["blocks"]
+    expandable = raw.get("vmm", False)
+    if expandable and raw_blocks and raw_blocks[-1]["state"] == "free":
+        # As PyTorch shows an expandable segment: up to its last used block; the free tail
+        # of the reserved address range is not memory.
+        raw_blocks = raw_blocks[:-1]
+    for block in raw_blocks:
         state = _BLOCK_STATES[block["state"]]
         active = state != "inactive"
         if state == "active_allocated":
@@ -196,14 +202,14 @@ def _segment(raw: dict, device_index: int, frames: _FrameCache) -> dict:
     return {
         "device": device_index,
         "address": raw["address"],
-        "total_size": raw["size"],
+        "total_size": sum(b["size"] for b in blocks) if expandable else raw["size"],
         "allocated_size": allocated_size,
         "active_size": active_size,
         "requested_size": requested_size,
         "stream": raw["stream"],
         "segment_type": _SEGMENT_TYPES[raw["pool"]],
         "segment_pool_id": _DEFAULT_POOL_ID,
-        "is_expandable": False,
+        "is_expandable": expandable,
         # The segment's allocation context: torchmem does not capture one for segments.
         "frames": [],
         "blocks": blocks,

@@ -11,6 +11,13 @@
 //     a laptop; with `real_memory` they are real host memory.
 //   - Failures other than a full device are not its business: wrap it in a
 //     FaultInjectingBackend to make any call fail.
+//   - Virtual memory like the driver's (page size `vmm_page_size`, 0: none):
+//     reserved ranges, pages that count against the capacity as segments do,
+//     mappings checked as the driver checks them (aligned, inside a range,
+//     not mapped twice, a page mapped at most once, access before use,
+//     nothing left mapped in a released range). With `real_memory` ranges are
+//     PROT_NONE reservations and mapped pages become readable and writable
+//     at SetAccess, so the engine touching an unmapped page crashes a test.
 // Invariants: live segments never overlap; their total never exceeds the
 // capacity set when they were obtained; fake addresses are never reused.
 // Thread-safe: the controls may be called while an engine uses the backend.
@@ -35,6 +42,7 @@ struct ControlledBackendOptions {
   // Fake segments at decreasing addresses, as mmap (and so the simulated CUDA
   // device) hands them out; by default at increasing addresses.
   bool top_down_addresses = false;
+  std::size_t vmm_page_size = std::size_t{2} << 20;
 };
 
 class ControlledBackend final : public Backend {
@@ -54,6 +62,9 @@ class ControlledBackend final : public Backend {
   std::size_t live_segment_bytes() const;
   std::int64_t live_segments() const;
   std::int64_t live_events() const;
+  std::int64_t live_pages() const;     // physical pages created, not released
+  std::int64_t mapped_pages() const;
+  std::int64_t reserved_ranges() const;
 
   // --- Backend --------------------------------------------------------------
   std::string DeviceName() const override { return options_.device_name; }
@@ -65,8 +76,29 @@ class ControlledBackend final : public Backend {
   absl::StatusOr<bool> QueryEvent(EventId event) override;
   absl::Status SynchronizeEvent(EventId event) override;
   void ReleaseEvent(EventId event) override;
+  absl::StatusOr<std::size_t> VirtualMemoryPageSize() override;
+  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) override;
+  absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) override;
+  absl::StatusOr<PhysicalPage> CreatePhysicalPage() override;
+  absl::Status ReleasePhysicalPage(PhysicalPage page) override;
+  absl::Status MapPage(std::uintptr_t address, PhysicalPage page) override;
+  absl::Status SetAccess(std::uintptr_t address, std::size_t size) override;
+  absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) override;
 
  private:
+  struct Mapping {
+    PhysicalPage page = 0;
+    bool accessible = false;
+  };
+
+  // A fake address range of `size` bytes, or ResourceExhausted.
+  absl::StatusOr<std::uintptr_t> FakeAddresses(std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status CheckFits(std::size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // OK if [address, address + size) is page-aligned and inside one range.
+  absl::Status CheckInRange(const char* call, std::uintptr_t address, std::size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
   struct StreamProgress {
     std::uint64_t recorded = 0;
     std::uint64_t completed = 0;
@@ -85,6 +117,11 @@ class ControlledBackend final : public Backend {
   absl::flat_hash_map<StreamId, StreamProgress> streams_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<EventId, Event> events_ ABSL_GUARDED_BY(mutex_);
   EventId next_event_ ABSL_GUARDED_BY(mutex_) = 1;
+  absl::flat_hash_map<std::uintptr_t, std::size_t> ranges_ ABSL_GUARDED_BY(mutex_);
+  // Pages created, each with the address it is mapped at (0: none).
+  absl::flat_hash_map<PhysicalPage, std::uintptr_t> pages_ ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mutex_);
+  PhysicalPage next_page_ ABSL_GUARDED_BY(mutex_) = 1;
 };
 
 }  // namespace torchmem

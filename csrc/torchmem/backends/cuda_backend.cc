@@ -171,4 +171,172 @@ absl::Status CudaBackend::SynchronizeEvent(EventId event) {
 
 void CudaBackend::ReleaseEvent(EventId event) { spare_events_.push_back(AsEvent(event)); }
 
+// --- virtual memory (the driver's cuMem* calls) ------------------------------
+
+namespace {
+
+CUmemAllocationProp PagePropertiesOf(int device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  // No shareable handle: torchmem does not export VMM pages (CUDA IPC of
+  // such memory is refused with a message, see torch/cuda/ipc.cc).
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  return prop;
+}
+
+CUdeviceptr AsDevicePtr(std::uintptr_t address) { return static_cast<CUdeviceptr>(address); }
+
+}  // namespace
+
+absl::Status CudaBackend::DriverError(CUresult result, const std::string& call) const {
+  const std::string message = absl::StrFormat("%s on %s failed: %s", call, DeviceName(),
+                                              driver_ != nullptr ? driver_->Describe(result)
+                                                                 : absl::StrCat(result));
+  if (result == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+absl::StatusOr<const CudaDriver*> CudaBackend::VmmDriver() {
+  if (page_size_ != 0) return driver_;
+  absl::StatusOr<const CudaDriver*> driver = GetCudaDriver();
+  if (!driver.ok()) return driver.status();
+  driver_ = *driver;
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  CUdevice handle = 0;
+  if (CUresult r = driver_->cuDeviceGet(&handle, device_); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuDeviceGet");
+  }
+  int supported = 0;
+  if (CUresult r = driver_->cuDeviceGetAttribute(
+          &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, handle);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+  }
+  if (supported == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(DeviceName(), " does not support the driver's virtual memory management"));
+  }
+  const CUmemAllocationProp prop = PagePropertiesOf(device_);
+  std::size_t granularity = 0;
+  if (CUresult r = driver_->cuMemGetAllocationGranularity(&granularity, &prop,
+                                                          CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemGetAllocationGranularity");
+  }
+  if (granularity == 0) {
+    return absl::InternalError(
+        absl::StrCat("cuMemGetAllocationGranularity on ", DeviceName(), " returned 0"));
+  }
+  page_size_ = granularity;
+  return driver_;
+}
+
+absl::StatusOr<std::size_t> CudaBackend::VirtualMemoryPageSize() {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  return page_size_;
+}
+
+absl::StatusOr<std::uintptr_t> CudaBackend::ReserveAddressRange(std::size_t size) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  CUdeviceptr address = 0;
+  if (CUresult r = (*driver)->cuMemAddressReserve(&address, size, page_size_, 0, 0);
+      r != CUDA_SUCCESS) {
+    return DriverError(
+        r, absl::StrCat("cuMemAddressReserve(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
+  }
+  return static_cast<std::uintptr_t>(address);
+}
+
+absl::Status CudaBackend::ReleaseAddressRange(std::uintptr_t address, std::size_t size) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  if (CUresult r = (*driver)->cuMemAddressFree(AsDevicePtr(address), size); r != CUDA_SUCCESS) {
+    return DriverError(r, absl::StrFormat("cuMemAddressFree(%#x, %s)", address,
+                                          FormatBytes(static_cast<std::int64_t>(size))));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PhysicalPage> CudaBackend::CreatePhysicalPage() {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  const CUmemAllocationProp prop = PagePropertiesOf(device_);
+  CUmemGenericAllocationHandle handle = 0;
+  if (CUresult r = (*driver)->cuMemCreate(&handle, page_size_, &prop, 0); r != CUDA_SUCCESS) {
+    return DriverError(
+        r, absl::StrCat("cuMemCreate(", FormatBytes(static_cast<std::int64_t>(page_size_)), ")"));
+  }
+  return static_cast<PhysicalPage>(handle);
+}
+
+absl::Status CudaBackend::ReleasePhysicalPage(PhysicalPage page) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  if (CUresult r = (*driver)->cuMemRelease(static_cast<CUmemGenericAllocationHandle>(page));
+      r != CUDA_SUCCESS) {
+    return DriverError(r, absl::StrFormat("cuMemRelease(handle %#x)", page));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MapPage(std::uintptr_t address, PhysicalPage page) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  if (CUresult r = (*driver)->cuMemMap(AsDevicePtr(address), page_size_, 0,
+                                       static_cast<CUmemGenericAllocationHandle>(page), 0);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, absl::StrFormat("cuMemMap(%#x, handle %#x)", address, page));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetAccess(std::uintptr_t address, std::size_t size) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = (*driver)->cuMemSetAccess(AsDevicePtr(address), size, &access, 1);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, absl::StrFormat("cuMemSetAccess(%#x, %s)", address,
+                                          FormatBytes(static_cast<std::int64_t>(size))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(device_);
+  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  // Kernels queued on the stream that last used these pages may still read
+  // or write them; the driver would unmap under their feet.
+  if (const cudaError_t error = cudaStreamSynchronize(AsStream(stream)); error != cudaSuccess) {
+    return CudaError(error, absl::StrFormat("cudaStreamSynchronize(stream %#x)", stream));
+  }
+  if (CUresult r = (*driver)->cuMemUnmap(AsDevicePtr(address), size); r != CUDA_SUCCESS) {
+    return DriverError(r, absl::StrFormat("cuMemUnmap(%#x, %s)", address,
+                                          FormatBytes(static_cast<std::int64_t>(size))));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace torchmem

@@ -14,6 +14,15 @@
 //     cudaMalloc gives the graph new addresses and is not replayed. The
 //     engine keeps such segments in the graph's private pool and never
 //     releases them during a capture.
+//   - Virtual memory (the engine's kVirtualMemory placement, PyTorch's
+//     expandable_segments): the driver's cuMem* calls (cuda_driver.h) on
+//     the backend's device. Pages are the device's minimum allocation
+//     granularity (2 MiB on current GPUs), pinned device memory with no
+//     shareable handle (so VMM memory cannot be shared through CUDA IPC),
+//     read-write for this device only. Unmapping first waits for the stream
+//     that last used the pages (cudaStreamSynchronize), as PyTorch's
+//     expandable segments do: the driver does not. CUDA_ERROR_OUT_OF_MEMORY
+//     from cuMemCreate becomes ResourceExhausted.
 // The engine calls a backend under its own lock, so no locking here except
 // for the event pool, which is only touched under that lock as well.
 #ifndef TORCHMEM_BACKENDS_CUDA_BACKEND_H_
@@ -24,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "torchmem/backends/cuda_driver.h"
 #include "torchmem/core/backend.h"
 
 namespace torchmem {
@@ -43,6 +53,15 @@ class CudaBackend final : public Backend {
   absl::Status SynchronizeEvent(EventId event) override;
   void ReleaseEvent(EventId event) override;
 
+  absl::StatusOr<std::size_t> VirtualMemoryPageSize() override;
+  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) override;
+  absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) override;
+  absl::StatusOr<PhysicalPage> CreatePhysicalPage() override;
+  absl::Status ReleasePhysicalPage(PhysicalPage page) override;
+  absl::Status MapPage(std::uintptr_t address, PhysicalPage page) override;
+  absl::Status SetAccess(std::uintptr_t address, std::size_t size) override;
+  absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) override;
+
   int device() const { return device_; }
 
  private:
@@ -56,9 +75,17 @@ class CudaBackend final : public Backend {
   // Formats a CUDA error as "cudaMalloc(20.00 MiB) on cuda:0 failed:
   // cudaErrorX (description)" and clears the sticky error.
   absl::Status CudaError(cudaError_t error, const std::string& call) const;
+  // The same for a driver call ("cuMemMap(...) on cuda:0 failed: ...").
+  absl::Status DriverError(CUresult result, const std::string& call) const;
+  // The driver table, and the device's page size once checked (the device
+  // supports virtual memory); FailedPrecondition saying why not otherwise.
+  absl::StatusOr<const CudaDriver*> VmmDriver();
 
   const int device_;
   std::vector<cudaEvent_t> spare_events_;
+  // Set by the first successful VirtualMemoryPageSize (0 until then).
+  const CudaDriver* driver_ = nullptr;
+  std::size_t page_size_ = 0;
 };
 
 }  // namespace torchmem

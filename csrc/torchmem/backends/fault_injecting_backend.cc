@@ -36,6 +36,22 @@ const char* BackendCallName(BackendCall call) {
       return "QueryEvent";
     case BackendCall::kSynchronizeEvent:
       return "SynchronizeEvent";
+    case BackendCall::kVirtualMemoryPageSize:
+      return "VirtualMemoryPageSize";
+    case BackendCall::kReserveAddressRange:
+      return "ReserveAddressRange";
+    case BackendCall::kReleaseAddressRange:
+      return "ReleaseAddressRange";
+    case BackendCall::kCreatePhysicalPage:
+      return "CreatePhysicalPage";
+    case BackendCall::kReleasePhysicalPage:
+      return "ReleasePhysicalPage";
+    case BackendCall::kMapPage:
+      return "MapPage";
+    case BackendCall::kSetAccess:
+      return "SetAccess";
+    case BackendCall::kUnmapPages:
+      return "UnmapPages";
   }
   return "?";
 }
@@ -229,6 +245,85 @@ void FaultInjectingBackend::ReleaseEvent(EventId event) {
     ++release_event_calls_;
   }
   inner_->ReleaseEvent(event);
+}
+
+// --- virtual memory ---------------------------------------------------------
+
+absl::StatusOr<std::size_t> FaultInjectingBackend::VirtualMemoryPageSize() {
+  if (absl::Status injected =
+          Enter(BackendCall::kVirtualMemoryPageSize, [] { return std::string("page size"); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->VirtualMemoryPageSize();
+}
+
+absl::StatusOr<std::uintptr_t> FaultInjectingBackend::ReserveAddressRange(std::size_t size) {
+  if (absl::Status injected = Enter(BackendCall::kReserveAddressRange,
+                                    [&] { return absl::StrFormat("size %d", size); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->ReserveAddressRange(size);
+}
+
+absl::Status FaultInjectingBackend::ReleaseAddressRange(std::uintptr_t address, std::size_t size) {
+  if (absl::Status injected =
+          Enter(BackendCall::kReleaseAddressRange,
+                [&] { return absl::StrFormat("range %#x, size %d", address, size); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->ReleaseAddressRange(address, size);
+}
+
+absl::StatusOr<PhysicalPage> FaultInjectingBackend::CreatePhysicalPage() {
+  if (absl::Status injected =
+          Enter(BackendCall::kCreatePhysicalPage, [] { return std::string("one page"); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->CreatePhysicalPage();
+}
+
+absl::Status FaultInjectingBackend::ReleasePhysicalPage(PhysicalPage page) {
+  if (absl::Status injected = Enter(BackendCall::kReleasePhysicalPage,
+                                    [&] { return absl::StrFormat("page %d", page); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->ReleasePhysicalPage(page);
+}
+
+absl::Status FaultInjectingBackend::MapPage(std::uintptr_t address, PhysicalPage page) {
+  if (absl::Status injected =
+          Enter(BackendCall::kMapPage,
+                [&] { return absl::StrFormat("page %d at %#x", page, address); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->MapPage(address, page);
+}
+
+absl::Status FaultInjectingBackend::SetAccess(std::uintptr_t address, std::size_t size) {
+  if (absl::Status injected =
+          Enter(BackendCall::kSetAccess,
+                [&] { return absl::StrFormat("%#x, size %d", address, size); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->SetAccess(address, size);
+}
+
+absl::Status FaultInjectingBackend::UnmapPages(std::uintptr_t address, std::size_t size,
+                                               StreamId stream) {
+  if (absl::Status injected =
+          Enter(BackendCall::kUnmapPages,
+                [&] { return absl::StrFormat("%#x, size %d, stream %#x", address, size, stream); });
+      !injected.ok()) {
+    return injected;
+  }
+  return inner_->UnmapPages(address, size, stream);
 }
 
 }  // namespace torchmem

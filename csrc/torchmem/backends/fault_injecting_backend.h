@@ -55,13 +55,40 @@ enum class BackendCall : int {
   kRecordEvent,
   kQueryEvent,
   kSynchronizeEvent,
+  // Virtual memory (expandable segments).
+  kVirtualMemoryPageSize,
+  kReserveAddressRange,
+  kReleaseAddressRange,
+  kCreatePhysicalPage,
+  kReleasePhysicalPage,
+  kMapPage,
+  kSetAccess,
+  kUnmapPages,
 };
-inline constexpr int kNumBackendCalls = 7;
-inline constexpr std::array<BackendCall, kNumBackendCalls> kAllBackendCalls = {
+inline constexpr int kNumBackendCalls = 15;
+// The calls an engine makes with PyTorch's placement (segments, events).
+inline constexpr std::array<BackendCall, 7> kSegmentBackendCalls = {
     BackendCall::kAllocateSegment,  BackendCall::kReleaseSegment,
     BackendCall::kCapacity,         BackendCall::kCheckSegmentAllocationAllowed,
     BackendCall::kRecordEvent,      BackendCall::kQueryEvent,
     BackendCall::kSynchronizeEvent,
+};
+// The virtual-memory calls (the virtual-memory placement makes these too).
+inline constexpr std::array<BackendCall, 8> kVirtualMemoryBackendCalls = {
+    BackendCall::kVirtualMemoryPageSize, BackendCall::kReserveAddressRange,
+    BackendCall::kReleaseAddressRange,   BackendCall::kCreatePhysicalPage,
+    BackendCall::kReleasePhysicalPage,   BackendCall::kMapPage,
+    BackendCall::kSetAccess,             BackendCall::kUnmapPages,
+};
+inline constexpr std::array<BackendCall, kNumBackendCalls> kAllBackendCalls = {
+    BackendCall::kAllocateSegment,       BackendCall::kReleaseSegment,
+    BackendCall::kCapacity,              BackendCall::kCheckSegmentAllocationAllowed,
+    BackendCall::kRecordEvent,           BackendCall::kQueryEvent,
+    BackendCall::kSynchronizeEvent,      BackendCall::kVirtualMemoryPageSize,
+    BackendCall::kReserveAddressRange,   BackendCall::kReleaseAddressRange,
+    BackendCall::kCreatePhysicalPage,    BackendCall::kReleasePhysicalPage,
+    BackendCall::kMapPage,               BackendCall::kSetAccess,
+    BackendCall::kUnmapPages,
 };
 
 // "AllocateSegment", "ReleaseSegment", ...: the method's name.
@@ -121,6 +148,14 @@ class FaultInjectingBackend final : public Backend {
   absl::StatusOr<bool> QueryEvent(EventId event) override;
   absl::Status SynchronizeEvent(EventId event) override;
   void ReleaseEvent(EventId event) override;
+  absl::StatusOr<std::size_t> VirtualMemoryPageSize() override;
+  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) override;
+  absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) override;
+  absl::StatusOr<PhysicalPage> CreatePhysicalPage() override;
+  absl::Status ReleasePhysicalPage(PhysicalPage page) override;
+  absl::Status MapPage(std::uintptr_t address, PhysicalPage page) override;
+  absl::Status SetAccess(std::uintptr_t address, std::size_t size) override;
+  absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) override;
 
  private:
   struct Rule {

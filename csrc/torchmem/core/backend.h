@@ -15,6 +15,13 @@
 //   - RecordEvent returns an event that completes once all work queued on
 //     `stream` at the time of the call has finished. Events are owned by the
 //     backend (it may pool them); the engine hands each back with ReleaseEvent.
+//   - Virtual memory is optional (the driver's cuMemAddressReserve / cuMemCreate
+//     / cuMemMap / cuMemSetAccess / cuMemUnmap / cuMemRelease): a backend that
+//     has it returns its page size (cuMemGetAllocationGranularity) from
+//     VirtualMemoryPageSize, and the engine may then place blocks in address
+//     ranges it reserves once and map one physical page at a time where live
+//     blocks need it (see vmm_space.h). Physical pages count against the
+//     device's capacity like segments; address ranges cost none.
 #ifndef TORCHMEM_CORE_BACKEND_H_
 #define TORCHMEM_CORE_BACKEND_H_
 
@@ -58,12 +65,65 @@ class Backend {
     return absl::OkStatus();
   }
 
+  // --- Virtual memory (optional) ---------------------------------------------
+  // The page size (a power of two) if this backend can reserve address ranges
+  // and map physical pages into them; Unimplemented if it cannot.
+  virtual absl::StatusOr<std::size_t> VirtualMemoryPageSize() {
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Reserves `size` bytes (a multiple of the page size) of address space, with
+  // nothing mapped in it.
+  virtual absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) {
+    (void)size;
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Gives back a range from ReserveAddressRange; nothing may be mapped in it.
+  virtual absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) {
+    (void)address, (void)size;
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Creates one page of physical memory (ResourceExhausted if the device is
+  // full).
+  virtual absl::StatusOr<PhysicalPage> CreatePhysicalPage() {
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Frees a page from CreatePhysicalPage that is mapped nowhere.
+  virtual absl::Status ReleasePhysicalPage(PhysicalPage page) {
+    (void)page;
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Maps `page` at `address` (page-aligned, inside a reserved range, nothing
+  // mapped there yet). Not accessible until SetAccess covers it.
+  virtual absl::Status MapPage(std::uintptr_t address, PhysicalPage page) {
+    (void)address, (void)page;
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Makes the mapped pages of [address, address + size) readable and
+  // writable by the device.
+  virtual absl::Status SetAccess(std::uintptr_t address, std::size_t size) {
+    (void)address, (void)size;
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+  // Unmaps the pages of [address, address + size) (all mapped), once the
+  // work queued on `stream` (which last used them) has finished: unlike a
+  // segment's release, unmapping does not wait for the device by itself.
+  // The pages stay allocated (ReleasePhysicalPage frees them).
+  virtual absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) {
+    (void)address, (void)size, (void)stream;
+    return absl::UnimplementedError(NoVirtualMemory());
+  }
+
   virtual absl::StatusOr<EventId> RecordEvent(StreamId stream) = 0;
   // True once the event completed.
   virtual absl::StatusOr<bool> QueryEvent(EventId event) = 0;
   // Blocks until the event completed.
   virtual absl::Status SynchronizeEvent(EventId event) = 0;
   virtual void ReleaseEvent(EventId event) = 0;
+
+ private:
+  std::string NoVirtualMemory() const {
+    return "the " + DeviceName() + " backend has no virtual memory API (expandable segments)";
+  }
 };
 
 }  // namespace torchmem

@@ -71,6 +71,12 @@ struct Segment {
   // kNoContext: see Engine::SplitBlock).
   ContextId context = kNoContext;
   bool counted_oversize = false;   // in stats' oversize_segments
+  // A virtual-memory range (see vmm_space.h) rather than a segment of
+  // PyTorch's kind: `size` bytes of address space reserved once, covered by
+  // blocks as any segment, of which only `mapped_pages` pages hold physical
+  // memory (the pages that live blocks touch, and cached ones).
+  bool vmm = false;
+  std::int64_t mapped_pages = 0;
 };
 
 struct Block {

@@ -57,6 +57,10 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
     memory_limit_ = options.memory_limit_bytes;
     gc_threshold_ = options.garbage_collection_threshold;
   }
+  if (absl::Status placed = SetPlacement(options.placement); !placed.ok()) {
+    std::fprintf(stderr, "torchmem: %s\n", placed.ToString().c_str());
+    std::abort();
+  }
   InstallForkHandlers();
   EngineRegistry& registry = Registry();
   MutexLock lock(&registry.mutex);
@@ -74,8 +78,13 @@ Engine::~Engine() {
   for (auto& [stream, queue] : pending_events_) {
     for (const PendingEvent& pending : queue) backend_->ReleaseEvent(pending.event);
   }
+  if (vmm_ != nullptr) vmm_->ReleaseEverything();
   for (auto& [address, segment] : segments_) {
-    (void)backend_->ReleaseSegment(address, segment->size);
+    if (segment->vmm) {
+      (void)backend_->ReleaseAddressRange(address, segment->size);
+    } else {
+      (void)backend_->ReleaseSegment(address, segment->size);
+    }
   }
 }
 
@@ -142,6 +151,20 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
   // as PyTorch does (only while a collection threshold is set).
   if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0) && owner == nullptr && kind == PoolKind::kLarge) {
     ++gc_clock_;
+  }
+  if (ABSL_PREDICT_FALSE(placement_ == Placement::kVirtualMemory) &&
+      (owner == nullptr || !owner->no_split)) {
+    // A MemPool that never splits keeps PyTorch's segments: a range is one
+    // block until split.
+    absl::StatusOr<Block*> placed = AllocateInRange(rounded, kind, stream, owner, context);
+    if (!placed.ok()) {
+      DropStreamListsIfEmpty(owner, stream);
+      return placed.status();
+    }
+    // A block lent by a use_on_oom pool lives in that pool's range or segment.
+    if (ABSL_PREDICT_FALSE((*placed)->owner() != owner)) DropStreamListsIfEmpty(owner, stream);
+    MarkAllocated(*placed, size, attribution, context);
+    return *placed;
   }
   // Best fit over this stream's free blocks of the pool: O(1), and in the
   // common case of a training loop, a block of exactly this size.
@@ -487,6 +510,7 @@ void Engine::MakeReusable(Block* block) {
   block->state = BlockState::kFree;
   block->stream_uses.clear();
   block->capture_stream_uses.clear();
+  if (ABSL_PREDICT_FALSE(block->segment->vmm)) ReleasePages(block);
   AddInactiveSplit(block);
   InsertMerged(block);
   ApplyInactiveSplitChange(pool);
@@ -747,14 +771,14 @@ void Engine::UnlinkFromScope(Block* block) {
 }
 
 void Engine::AddInactiveSplit(const Block* block) {
-  if (block->state != BlockState::kFree || !block->IsSplit()) return;
+  if (!CountsAsInactiveSplit(block)) return;
   InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
   change.blocks += 1;
   change.bytes += static_cast<std::int64_t>(block->size);
 }
 
 void Engine::RemoveInactiveSplit(const Block* block) {
-  if (block->state != BlockState::kFree || !block->IsSplit()) return;
+  if (!CountsAsInactiveSplit(block)) return;
   InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
   change.blocks -= 1;
   change.bytes -= static_cast<std::int64_t>(block->size);

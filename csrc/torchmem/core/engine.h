@@ -7,6 +7,14 @@
 //   block       a piece of a segment: allocated, free (cached), or pending
 //               (freed, but other streams may still use it).
 //   pool        small (rounded size <= 1 MiB, 2 MiB segments) or large.
+//   placement   kPyTorch: segments and best fit exactly as PyTorch's
+//               allocator (the default); kVirtualMemory (PyTorch's
+//               expandable_segments): per pool, stream and small/large, one
+//               address range reserved once (a Segment with vmm set), blocks
+//               placed by page fit (page_fit.h), physical pages mapped where
+//               live blocks need them (vmm_space.h). Needs a backend with
+//               virtual memory; blocks of either kind coexist (the placement
+//               may change at run time; new blocks follow it).
 //   private pool  a set of segments reserved for a CUDA graph or a
 //               torch.cuda.MemPool, named by PyTorch's MempoolId pair
 //               (PoolId). Allocations are routed to one while a route is
@@ -32,6 +40,10 @@
 //   - no free block has a free neighbour (they merge when freed);
 //   - each free block is indexed exactly once, allocated/pending ones never;
 //   - every statistic equals a recount of the blocks, also per private pool;
+//     reserved_bytes counts segments' sizes and ranges' mapped pages;
+//   - every page of a range that a live block overlaps is mapped, every
+//     mapped page lies in exactly one range, and page reference counts equal
+//     a recount (VmmSpace::Check);
 //   - a private pool's blocks are indexed only in that pool's free lists;
 //   - per-tag and per-scope counters equal a recount;
 //   - the per-stream event table holds no empty queue.
@@ -69,11 +81,16 @@
 #include "torchmem/core/size_policy.h"
 #include "torchmem/core/stats.h"
 #include "torchmem/core/trace.h"
+#include "torchmem/core/vmm_space.h"
 
 namespace torchmem {
 
+// Where new blocks go (see the glossary).
+enum class Placement { kPyTorch, kVirtualMemory };
+
 struct EngineOptions {
   SizePolicy policy = SizePolicy::PyTorchDefault();
+  Placement placement = Placement::kPyTorch;
   // Largest total of segments the engine may hold; 0 means no limit.
   std::size_t memory_limit_bytes = 0;
   // PyTorch's garbage_collection_threshold: when a new segment is needed and
@@ -107,11 +124,18 @@ struct ScopeBlocks {
 // The free lists of one stream (per pool kind), in the default pool or a
 // private pool; also counts the segments indexed in them, so that lists of
 // streams that hold no segment any more are dropped.
+// Virtual-memory ranges keep their free blocks apart (vmm_pools), so that
+// PyTorch's best fit never carves an unmapped range.
 struct StreamLists {
-  StreamLists(StreamId id, std::size_t unit) : stream(id), pools{FreeLists(unit), FreeLists(unit)} {}
+  StreamLists(StreamId id, std::size_t unit)
+      : stream(id),
+        pools{FreeLists(unit), FreeLists(unit)},
+        vmm_pools{FreeLists(unit), FreeLists(unit)} {}
   StreamId stream = 0;
   FreeLists pools[kNumPools];
-  std::int64_t segments = 0;
+  FreeLists vmm_pools[kNumPools];
+  Segment* vmm_ranges[kNumPools] = {nullptr, nullptr};
+  std::int64_t segments = 0;  // segments and ranges
 };
 
 // A private pool (see the glossary).
@@ -213,6 +237,11 @@ class Engine {
   // the calling thread's tag and scope). Every segment of the checkpoint
   // must still belong to the pool.
   absl::StatusOr<CheckpointRestore> RestorePoolCheckpoint(const PoolCheckpoint& checkpoint);
+
+  // Chooses where new blocks go. FailedPrecondition for kVirtualMemory if the
+  // backend has no virtual memory API.
+  absl::Status SetPlacement(Placement placement);
+  Placement placement() const;
 
   // Limits the sum of segment sizes (0 removes the limit). A limit below the
   // bytes already reserved only stops growth.
@@ -328,7 +357,48 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<std::uintptr_t> BackendAllocate(std::size_t segment_size, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // --- virtual-memory placement (engine_vmm.cc) ---
+  // A block of `rounded` bytes placed by page fit in the range of (owner,
+  // stream, pool), its pages mapped; the range is reserved on first use.
+  // When no page can be had: a use_on_oom pool lends a block (default pool
+  // only), else the out-of-memory ladder runs.
+  absl::StatusOr<Block*> AllocateInRange(std::size_t rounded, PoolKind pool, StreamId stream,
+                                         PrivatePool* owner, ContextId context)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<Segment*> ReserveRange(StreamLists& lists, PoolKind pool, PrivatePool* owner,
+                                        ContextId context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Takes `size` bytes at `address` out of the free block `block`: returns
+  // the carved block, unindexed; the rest stays free and indexed.
+  Block* CarveBlock(Block* block, std::uintptr_t address, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The pages of a block that goes live / stops being live.
+  absl::Status AcquirePages(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ReleasePages(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // garbage_collection_threshold for virtual memory: past threshold x limit,
+  // unmaps and frees cached pages of the default pool down to it.
+  void CollectCachedPages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The engine's VmmSpace, created on first use; an error if the backend
+  // has no virtual memory.
+  absl::StatusOr<VmmSpace*> Vmm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void OnPagesMapped(Segment& range, std::int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // range_bytes_ from the device's capacity now.
+  absl::Status SizeRanges(std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Bytes of `segment` that hold memory: its size, or a range's mapped pages.
+  std::int64_t HeldBytes(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void FillVmmStats(MemoryStats& stats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Whether a free block counts in inactive_split: in a split segment, and
+  // not a range's free tail (address space, not memory).
+  static bool CountsAsInactiveSplit(const Block* block) {
+    return block->state == BlockState::kFree && block->IsSplit() &&
+           !(block->segment->vmm && block->next == nullptr);
+  }
   Block* TakeFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The virtual-memory placement's TakeFromUseOnOomPools: a block of
+  // `rounded` bytes lent by a use_on_oom pool, from its PyTorch segments or
+  // from a place in its range whose pages are all mapped (no page is
+  // created or stolen); nullptr if none has one.
+  Block* LendFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Releases unsplit oversize free blocks of `lists` until `needed` bytes
   // came back (PyTorch's release_available_cached_blocks).
@@ -414,7 +484,9 @@ class Engine {
   void ApplyInactiveSplitChange(PoolKind pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static BlockInfo DescribeBlock(const Block& block);
   // A segment's fields without its blocks; DescribeSegment adds the blocks.
-  static SegmentInfo DescribeSegmentHeader(const Segment& segment);
+  // Not static: a VMM segment's mapped bytes come from the engine's page size.
+  SegmentInfo DescribeSegmentHeader(const Segment& segment) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   SegmentInfo DescribeSegment(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::int64_t LargestFreeExtentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
@@ -423,6 +495,11 @@ class Engine {
 
   mutable Mutex mutex_;
   SizePolicy policy_ ABSL_GUARDED_BY(mutex_);
+  Placement placement_ ABSL_GUARDED_BY(mutex_) = Placement::kPyTorch;
+  std::unique_ptr<VmmSpace> vmm_ ABSL_GUARDED_BY(mutex_);
+  std::size_t range_bytes_ ABSL_GUARDED_BY(mutex_) = 0;  // address space per range
+  std::int64_t reserved_address_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::int64_t peak_mapped_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   std::size_t memory_limit_ ABSL_GUARDED_BY(mutex_) = 0;
   double gc_threshold_ ABSL_GUARDED_BY(mutex_) = 0.0;
   // Lookups in the default pool's large lists, the clock of garbage

@@ -51,13 +51,31 @@ absl::Status Engine::EmptyCacheLocked(PoolId pool) {
 absl::Status Engine::ReleaseFreeSegments(bool default_pool, const PrivatePool* only) {
   absl::Status first_error;
   std::vector<Segment*> releasable;
+  // Unmapping waits for streams, which a capture forbids: ranges keep their
+  // pages until it ends.
+  const bool capturing = CaptureUnderwayLocked();
   for (const auto& [address, segment] : segments_) {
-    const Block* block = segment->first;
-    if (block->state != BlockState::kFree || block->IsSplit()) continue;
     const PrivatePool* owner = segment->owner;
     const bool wanted = owner == nullptr ? default_pool && only == nullptr
                                          : owner->freeable && (only == nullptr || owner == only);
-    if (wanted) releasable.push_back(segment.get());
+    if (!wanted) continue;
+    if (segment->vmm) {
+      if (capturing) continue;
+      // A range's cached pages go back even while live blocks remain.
+      absl::Status unmapped = vmm_->ReleaseCached(*segment);
+      if (!unmapped.ok()) {
+        if (first_error.ok()) {
+          first_error = absl::Status(
+              unmapped.code(), absl::StrFormat("torchmem: could not unmap the cached pages of the "
+                                               "range at %#x on %s (they stay cached): %s",
+                                               segment->address, device_name_, unmapped.message()));
+        }
+        continue;
+      }
+    }
+    const Block* block = segment->first;
+    if (block->state != BlockState::kFree || block->IsSplit()) continue;
+    releasable.push_back(segment.get());
   }
   for (Segment* segment : releasable) {
     absl::Status released = ReleaseSegment(segment);
@@ -73,13 +91,24 @@ absl::Status Engine::ReleaseFreeSegments(bool default_pool, const PrivatePool* o
 }
 
 absl::Status Engine::ReleaseSegment(Segment* segment) {
-  absl::Status released = backend_->ReleaseSegment(segment->address, segment->size);
+  absl::Status released;
+  if (segment->vmm) {
+    // A range goes once its pages did (its blocks are all free).
+    released = vmm_->ReleaseCached(*segment);
+    if (released.ok()) {
+      ++vmm_->mutable_counters().address_releases;
+      released = backend_->ReleaseAddressRange(segment->address, segment->size);
+    }
+  } else {
+    released = backend_->ReleaseSegment(segment->address, segment->size);
+  }
   if (!released.ok()) {
     return absl::Status(
         released.code(),
-        absl::StrFormat("torchmem: could not release the %s segment at %#x on %s (it stays "
+        absl::StrFormat("torchmem: could not release the %s %s at %#x on %s (it stays "
                         "cached): %s",
-                        FormatBytes(static_cast<std::int64_t>(segment->size)), segment->address,
+                        FormatBytes(static_cast<std::int64_t>(segment->size)),
+                        segment->vmm ? "address range" : "segment", segment->address,
                         device_name_, released.message()));
   }
   Block* block = segment->first;
@@ -87,17 +116,24 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
   blocks_.erase(block->address);
   DeleteBlock(block);
   const PoolKind kind = segment->pool;
-  const auto bytes = static_cast<std::int64_t>(segment->size);
+  // A range's mapped pages left reserved_bytes as they were unmapped.
+  const auto bytes = segment->vmm ? 0 : static_cast<std::int64_t>(segment->size);
   stats_.segment.Decrease(kind, 1);
   stats_.reserved_bytes.Decrease(kind, bytes);
   if (segment->counted_oversize) stats_.oversize_segments.Decrease(1);
-  ++stats_.num_device_free;
+  if (segment->vmm) {
+    vmm_->RemoveRange(segment);
+    reserved_address_bytes_ -= static_cast<std::int64_t>(segment->size);
+    segment->stream_lists->vmm_ranges[static_cast<int>(kind)] = nullptr;
+  } else {
+    ++stats_.num_device_free;
+  }
   if (PrivatePool* owner = segment->owner) {
     --owner->segments;
     stats_.reserved_bytes_by_private_pools[{owner->id.first, owner->id.second}].Decrease(kind,
                                                                                       bytes);
   }
-  if (ABSL_PREDICT_FALSE(Tracing())) {
+  if (ABSL_PREDICT_FALSE(Tracing()) && !segment->vmm) {
     Trace(TraceAction::kSegmentFree, segment->address, segment->size, segment->stream,
           segment_free_context_ != kNoContext ? segment_free_context_ : segment->context,
           segment->owner);

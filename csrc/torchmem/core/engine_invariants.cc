@@ -28,6 +28,9 @@ struct Recount {
   std::size_t blocks = 0;
   std::size_t free_blocks = 0;
   std::size_t pending_events = 0;
+  // Virtual-memory ranges: live blocks per page, address space reserved.
+  absl::flat_hash_map<std::uint64_t, std::int32_t> page_references;
+  std::int64_t reserved_address_bytes = 0;
 };
 
 absl::Status CompareStat(const char* name, const char* type, const Stat& expected,
@@ -96,24 +99,37 @@ absl::Status Engine::CheckInvariants() const {
     const Segment& segment = *segment_ptr;
     const PoolKind pool = segment.pool;
     recount.stats.segment.Increase(pool, 1);
-    recount.stats.reserved_bytes.Increase(pool, static_cast<std::int64_t>(segment.size));
+    recount.stats.reserved_bytes.Increase(pool, HeldBytes(segment));
     if (segment.owner != nullptr) {
       if (!live_pools.contains(segment.owner)) {
         return Violation(absl::StrFormat("segment %#x belongs to a private pool the engine "
                                          "does not know", address));
       }
       ++recount.pool_segments[segment.owner];
-      recount.pool_reserved[segment.owner] += static_cast<std::int64_t>(segment.size);
+      recount.pool_reserved[segment.owner] += HeldBytes(segment);
     }
     // The segment's free lists belong to its own pool (and stream).
     const auto& stream_map = segment.owner == nullptr ? streams_ : segment.owner->streams;
     auto lists = stream_map.find(segment.stream);
+    const FreeLists* own_lists =
+        segment.vmm ? &segment.stream_lists->vmm_pools[static_cast<int>(pool)]
+                    : &segment.stream_lists->pools[static_cast<int>(pool)];
     if (lists == stream_map.end() || lists->second.get() != segment.stream_lists ||
-        segment.lists != &segment.stream_lists->pools[static_cast<int>(pool)]) {
+        segment.lists != own_lists) {
       return Violation(absl::StrFormat(
           "segment %#x is indexed in free lists of another pool or stream", address));
     }
     ++recount.lists_segments[segment.stream_lists];
+    if (segment.vmm) {
+      if (vmm_ == nullptr ||
+          segment.stream_lists->vmm_ranges[static_cast<int>(pool)] != &segment) {
+        return Violation(absl::StrFormat(
+            "range %#x is not the range of its stream's lists", address));
+      }
+      recount.reserved_address_bytes += static_cast<std::int64_t>(segment.size);
+    } else if (segment.mapped_pages != 0) {
+      return Violation(absl::StrFormat("segment %#x counts mapped pages", address));
+    }
     if (segment.counted_oversize) ++recount.oversize_segments;
     if (address != segment.address) return Violation("segment keyed under a wrong address");
     if (segment.first == nullptr || segment.first->prev != nullptr) {
@@ -139,6 +155,12 @@ absl::Status Engine::CheckInvariants() const {
       }
       expected += block->size;
       const auto bytes = static_cast<std::int64_t>(block->size);
+      if (segment.vmm && block->state != BlockState::kFree) {
+        for (std::uint64_t page = vmm_->PageOf(block->address);
+             page <= vmm_->PageOf(block->address + block->size - 1); ++page) {
+          ++recount.page_references[page];
+        }
+      }
       switch (block->state) {
         case BlockState::kAllocated: {
           if (block->index != FreeIndex::kNone || block->pending_events != 0) {
@@ -186,7 +208,7 @@ absl::Status Engine::CheckInvariants() const {
           if (block->scope_list != nullptr) {
             return Violation(absl::StrFormat("free block %#x is still in a scope", block->address));
           }
-          if (block->IsSplit()) {
+          if (CountsAsInactiveSplit(block)) {
             recount.stats.inactive_split.Increase(pool, 1);
             recount.stats.inactive_split_bytes.Increase(pool, bytes);
           }
@@ -232,8 +254,14 @@ absl::Status Engine::CheckInvariants() const {
             "the free lists of stream %#x count %d segments, %d use them", stream, lists->segments,
             segments));
       }
-      for (int pool = 0; pool < kNumPools; ++pool) {
-        const FreeLists& free_lists = lists->pools[pool];
+      for (int pool = 0; pool < 2 * kNumPools; ++pool) {
+        const FreeLists& free_lists =
+            pool < kNumPools ? lists->pools[pool] : lists->vmm_pools[pool - kNumPools];
+        if (pool >= kNumPools && lists->vmm_ranges[pool - kNumPools] == nullptr &&
+            free_lists.size() != 0) {
+          return Violation(absl::StrFormat(
+              "the range lists of stream %#x hold blocks but the stream has no range", stream));
+        }
         absl::Status status;
         free_lists.ForEachFree([&](const Block* block) {
           ++indexed;
@@ -354,6 +382,16 @@ absl::Status Engine::CheckInvariants() const {
     auto it = scopes_.find(list->scope);
     if (it == scopes_.end() || it->second.get() != list) {
       return Violation("a block is linked to a scope the engine does not know");
+    }
+  }
+
+  if (recount.reserved_address_bytes != reserved_address_bytes_) {
+    return Violation(absl::StrFormat("%d bytes of address space counted reserved, ranges hold %d",
+                                     reserved_address_bytes_, recount.reserved_address_bytes));
+  }
+  if (vmm_ != nullptr) {
+    if (std::string wrong = vmm_->Check(recount.page_references); !wrong.empty()) {
+      return Violation(wrong);
     }
   }
 

@@ -272,20 +272,40 @@ absl::StatusOr<CheckpointRestore> Engine::RestorePoolCheckpoint(
   // 2. Carve every checkpointed block out as allocated, then free those the
   //    checkpoint had free (their neighbours are allocated then, so every
   //    free block ends up exactly where the checkpoint had it).
+  //    In a virtual-memory range the free ones are only carved, never
+  //    marked allocated: their pages need no physical memory. The live
+  //    ones' pages are still mapped (a private pool's pages stay until the
+  //    pool is released), so acquiring them makes no backend call.
   for (const PoolCheckpoint::Segment& saved : checkpoint.segments) {
     Segment* segment = segments_.find(saved.address)->second.get();
     Block* current = segment->first;
+    std::vector<Block*> carved_free;
     for (const PoolCheckpoint::Block& block : saved.blocks) {
       segment->lists->Remove(current);
       if (current->size > block.size) SplitBlock(current, block.size);
-      MarkAllocated(current, block.size, attribution, kNoContext);
+      if (segment->vmm && !block.allocated) {
+        carved_free.push_back(current);
+      } else {
+        if (segment->vmm) {
+          if (absl::Status pages = AcquirePages(current); !pages.ok()) {
+            return absl::InternalError(absl::StrFormat(
+                "torchmem: restoring private pool %s on %s: the pages of block %#x are gone "
+                "(%s); the pool is left partly restored",
+                PoolName(checkpoint.pool), device_name_, block.address, pages.message()));
+          }
+        }
+        MarkAllocated(current, block.size, attribution, kNoContext);
+      }
       current = current->next;
     }
+    for (Block* block : carved_free) InsertMerged(block);
+    ApplyInactiveSplitChange(segment->pool);
     for (const PoolCheckpoint::Block& block : saved.blocks) {
       if (block.allocated) {
         result.allocated.push_back(block.address);
         continue;
       }
+      if (segment->vmm) continue;
       absl::Status freed = FreeLocked(reinterpret_cast<void*>(block.address), nullptr, kNoContext);
       if (!freed.ok()) return freed;
     }

@@ -56,13 +56,15 @@ class FreeSpaceCounter {
   FreeSpaceStats* stats_;
 };
 
-// Calls fn(extent_bytes) for every run of adjacent free blocks of a segment;
-// returns whether the segment holds allocated or pending blocks.
+// Calls fn(extent_bytes) for every run of adjacent free blocks of a segment
+// (of a virtual-memory range: but its free tail, address space rather than
+// memory); returns whether the segment holds allocated or pending blocks.
 template <typename Fn>
 bool ForEachFreeExtent(const Segment& segment, Fn fn) {
   bool has_live = false;
   std::int64_t run = 0;
   for (const Block* block = segment.first; block != nullptr; block = block->next) {
+    if (segment.vmm && block->next == nullptr && block->state == BlockState::kFree) break;
     if (block->state == BlockState::kFree) {
       run += static_cast<std::int64_t>(block->size);
       continue;
@@ -79,7 +81,9 @@ bool ForEachFreeExtent(const Segment& segment, Fn fn) {
 
 MemoryStats Engine::GetStats() const {
   MutexLock lock(&mutex_);
-  return stats_;
+  MemoryStats stats = stats_;
+  FillVmmStats(stats);
+  return stats;
 }
 
 void Engine::ResetPeakStats() {
@@ -133,7 +137,7 @@ FragmentationReport Engine::GetFragmentation() const {
     const bool has_live =
         ForEachFreeExtent(*segment, [&extents](std::int64_t bytes) { extents.push_back(bytes); });
     for (FreeSpaceCounter& counter : counters) {
-      counter.AddSegment(segment->size);
+      counter.AddSegment(static_cast<std::size_t>(HeldBytes(*segment)));
       for (std::int64_t bytes : extents) counter.AddExtent(bytes, has_live);
       for (const Block* block = segment->first; block != nullptr; block = block->next) {
         if (block->state == BlockState::kAllocated) counter.AddAllocated(*block);
@@ -151,7 +155,7 @@ FragmentationReport Engine::GetFragmentation() const {
   return report;
 }
 
-SegmentInfo Engine::DescribeSegmentHeader(const Segment& segment) {
+SegmentInfo Engine::DescribeSegmentHeader(const Segment& segment) const {
   SegmentInfo info;
   info.address = segment.address;
   info.size = segment.size;
@@ -160,6 +164,8 @@ SegmentInfo Engine::DescribeSegmentHeader(const Segment& segment) {
   if (segment.owner != nullptr) info.owner = segment.owner->id;
   info.registration = segment.registration;
   info.context = segment.context;
+  info.vmm = segment.vmm;
+  info.mapped_bytes = static_cast<std::size_t>(HeldBytes(segment));
   return info;
 }
 
@@ -191,6 +197,7 @@ std::size_t Engine::LargestCachedBlock() const {
   std::size_t largest = 0;
   for (const auto& [address, segment] : segments_) {
     for (const Block* block = segment->first; block != nullptr; block = block->next) {
+      if (segment->vmm && block->next == nullptr) break;  // a range's unmapped tail
       if (block->state == BlockState::kFree) largest = std::max(largest, block->size);
     }
   }

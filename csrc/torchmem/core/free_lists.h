@@ -32,6 +32,7 @@
 #ifndef TORCHMEM_CORE_FREE_LISTS_H_
 #define TORCHMEM_CORE_FREE_LISTS_H_
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +78,20 @@ class FreeLists {
       }
     }
     for (Block* block : oversized_) fn(block);
+  }
+
+  // Visits the free blocks of at least `size` bytes (`size` a multiple of
+  // the unit), smallest class first, each class in placement order, through
+  // the bitmaps: the classes below `size` cost nothing.
+  template <typename Fn>
+  void ForEachFreeAtLeast(std::size_t size, Fn fn) const {
+    for (std::size_t cls = FirstNonEmptyFrom(std::min(ClassOf(size), kClassCount - 1));
+         cls < kClassCount; cls = cls + 1 < kClassCount ? FirstNonEmptyFrom(cls + 1) : kClassCount) {
+      for (Block* block = HeadOrNull(cls); block != nullptr; block = block->cache_next) {
+        if (block->size >= size) fn(block);
+      }
+    }
+    for (auto it = oversized_.lower_bound(SizeProbe{size}); it != oversized_.end(); ++it) fn(*it);
   }
 
  private:

@@ -39,6 +39,10 @@ struct SegmentInfo {
   std::uint64_t registration = 0;  // creation order among the engine's segments
   ContextId context = kNoContext;  // of the allocation that created it, while unsplit
   std::vector<BlockInfo> blocks;   // in address order, covering the segment
+  // A virtual-memory range (expandable segment): `size` is address space,
+  // of which `mapped_bytes` hold physical pages. Else mapped_bytes == size.
+  bool vmm = false;
+  std::size_t mapped_bytes = 0;
 };
 
 // The layout of a private pool at one moment: what PyTorch's cudagraph trees

@@ -122,6 +122,28 @@ struct MemoryStats {
   // PyTorch reports SIZE_MAX ("no limit") as -1.
   std::int64_t max_split_size = -1;
 
+  // Virtual-memory placement (expandable segments; all 0 unless the engine
+  // placed blocks that way). reserved_bytes then counts the physical pages
+  // mapped (what it means in PyTorch with expandable segments); address
+  // space reserved for the ranges costs no memory and is counted here.
+  struct Vmm {
+    std::int64_t page_size = 0;
+    std::int64_t reserved_address_bytes = 0;  // ranges reserved now
+    std::int64_t mapped_bytes = 0;            // = reserved_bytes of the ranges
+    std::int64_t touched_bytes = 0;           // pages live blocks overlap
+    std::int64_t cached_bytes = 0;            // mapped, touched by no live block
+    std::int64_t peak_mapped_bytes = 0;
+    std::int64_t reserves = 0;                // backend calls since creation
+    std::int64_t address_releases = 0;
+    std::int64_t creates = 0;
+    std::int64_t releases = 0;
+    std::int64_t maps = 0;
+    std::int64_t set_access = 0;
+    std::int64_t unmaps = 0;
+    std::int64_t steals = 0;
+    std::int64_t lost_pages = 0;
+  } vmm;
+
   void ResetPeaks();
   void ResetAccumulated();
 

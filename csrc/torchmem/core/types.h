@@ -19,6 +19,10 @@ using StreamId = std::uintptr_t;
 // An event handed out by a backend (e.g. a pooled `cudaEvent_t`).
 using EventId = std::uintptr_t;
 
+// A backend's handle of one physical page of virtual memory (CUDA's
+// CUmemGenericAllocationHandle).
+using PhysicalPage = std::uint64_t;
+
 // Interned tag name (see TagRegistry). kNoTag is "untagged".
 using TagId = std::uint32_t;
 inline constexpr TagId kNoTag = 0;

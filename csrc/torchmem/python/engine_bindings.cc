@@ -63,6 +63,8 @@ py::dict SegmentToDict(const SegmentInfo& segment) {
   d["size"] = segment.size;
   d["pool"] = PoolName(segment.pool);
   d["stream"] = segment.stream;
+  d["vmm"] = segment.vmm;
+  d["mapped_bytes"] = segment.mapped_bytes;
   py::list blocks;
   for (const BlockInfo& block : segment.blocks) blocks.append(BlockToDict(block));
   d["blocks"] = blocks;

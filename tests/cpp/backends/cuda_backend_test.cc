@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -217,6 +218,90 @@ TEST_F(CudaBackendTest, FailedEventRecordKeepsTheBlockPendingUntilItSucceeds) {
   EXPECT_EQ(engine.GetStats().active.all().current, 0);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+
+// --- virtual memory (the driver's cuMem* calls) ------------------------------
+
+TEST_F(CudaBackendTest, VirtualMemoryPagesAreDeviceMemoryMappedIntoAReservedRange) {
+  CudaBackend backend(1);  // not the current device: the calls switch to it and back
+  absl::StatusOr<std::size_t> page = backend.VirtualMemoryPageSize();
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(*page, 2 * kMiB);  // the device's minimum granularity
+  const unsigned long long before = sim().live_bytes(1);
+  absl::StatusOr<std::uintptr_t> range = backend.ReserveAddressRange(8 * kMiB);
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(*range % *page, 0u);
+  EXPECT_EQ(sim().live_bytes(1), before) << "address space costs no memory";
+  absl::StatusOr<PhysicalPage> first = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> second = backend.CreatePhysicalPage();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(sim().live_bytes(1), before + 4 * kMiB);
+  ASSERT_TRUE(backend.MapPage(*range + 2 * kMiB, *first).ok());
+  ASSERT_TRUE(backend.MapPage(*range + 4 * kMiB, *second).ok());
+  ASSERT_TRUE(backend.SetAccess(*range + 2 * kMiB, 4 * kMiB).ok());
+  // A copy across the boundary of the two pages lands in both.
+  std::vector<unsigned char> out(kMiB, 0x5a);
+  std::vector<unsigned char> back(kMiB, 0);
+  void* across = reinterpret_cast<void*>(*range + 4 * kMiB - kMiB / 2);
+  ASSERT_EQ(cudaMemcpy(across, out.data(), kMiB, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(back.data(), across, kMiB, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, out);
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+
+  const unsigned long long syncs = sim().call_count("cudaStreamSynchronize");
+  ASSERT_TRUE(backend.UnmapPages(*range + 2 * kMiB, 4 * kMiB, 0).ok());
+  EXPECT_EQ(sim().call_count("cudaStreamSynchronize"), syncs + 1) << "unmapping waits first";
+  ASSERT_TRUE(backend.ReleasePhysicalPage(*first).ok());
+  ASSERT_TRUE(backend.ReleasePhysicalPage(*second).ok());
+  EXPECT_EQ(sim().live_bytes(1), before);
+  ASSERT_TRUE(backend.ReleaseAddressRange(*range, 8 * kMiB).ok());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST_F(CudaBackendTest, APhysicalPageBeyondTheDeviceIsResourceExhausted) {
+  ASSERT_EQ(sim().set_memory_capacity(0, 2 * kMiB), 0);
+  CudaBackend backend(0);
+  ASSERT_TRUE(backend.VirtualMemoryPageSize().ok());
+  absl::StatusOr<PhysicalPage> fits = backend.CreatePhysicalPage();
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  absl::StatusOr<PhysicalPage> beyond = backend.CreatePhysicalPage();
+  EXPECT_TRUE(absl::IsResourceExhausted(beyond.status())) << beyond.status();
+  EXPECT_TRUE(absl::StrContains(beyond.status().message(), "cuMemCreate")) << beyond.status();
+  EXPECT_TRUE(absl::StrContains(beyond.status().message(), "CUDA_ERROR_OUT_OF_MEMORY"))
+      << beyond.status();
+  ASSERT_TRUE(backend.ReleasePhysicalPage(*fits).ok());
+}
+
+TEST_F(CudaBackendTest, EngineWithVirtualMemoryMapsOnlyThePagesLiveBlocksTouch) {
+  Engine engine(std::make_unique<CudaBackend>(0));
+  ASSERT_TRUE(engine.SetPlacement(Placement::kVirtualMemory).ok());
+  const unsigned long long before = sim().live_bytes(0);
+  absl::StatusOr<void*> a = engine.Allocate(3 * kMiB);  // pages 0-1
+  absl::StatusOr<void*> b = engine.Allocate(3 * kMiB);  // shares page 1, maps page 2
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(engine.GetStats().reserved_bytes.all().current, 6 * static_cast<std::int64_t>(kMiB));
+  EXPECT_EQ(sim().live_bytes(0), before + 6 * kMiB);
+  std::vector<unsigned char> out(6 * kMiB);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<unsigned char>(i * 7);
+  std::vector<unsigned char> back(6 * kMiB, 0);
+  ASSERT_EQ(cudaMemcpy(*a, out.data(), 6 * kMiB, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(back.data(), *a, 6 * kMiB, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, out);
+
+  const unsigned long long maps = sim().call_count("cuMemMap");
+  ASSERT_TRUE(engine.Free(*b).ok());
+  absl::StatusOr<void*> again = engine.Allocate(3 * kMiB);  // a cache hit
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(sim().call_count("cuMemMap"), maps) << "a cache hit makes no driver call";
+  ASSERT_TRUE(engine.Free(*again).ok());
+  ASSERT_TRUE(engine.Free(*a).ok());
+  EXPECT_TRUE(engine.CheckInvariants().ok());
+  ASSERT_TRUE(engine.EmptyCache().ok());
+  EXPECT_EQ(engine.GetStats().reserved_bytes.all().current, 0);
+  EXPECT_EQ(sim().live_bytes(0), before);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace

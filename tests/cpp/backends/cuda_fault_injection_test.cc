@@ -15,6 +15,7 @@
 //   - statistics equal a model of the live blocks, reserved memory equals the
 //     device's own count, and CheckInvariants() passes;
 // and once the fault stops, the same requests succeed and every byte returns.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <map>
@@ -85,8 +86,9 @@ class CudaFaultTest : public ::testing::Test {
 
   const SimCuda& sim() { return SimCuda::Get(); }
 
-  // Builds the engine over `device` with a 64 MiB device and manual events.
-  void StartEngine(int device) {
+  // Builds the engine over `device` with a 64 MiB device and manual events,
+  // placing blocks in virtual-memory ranges if `placement` says so.
+  void StartEngine(int device, Placement placement = Placement::kPyTorch) {
     device_ = device;
     device_name_ = absl::StrCat("cuda:", device);
     ASSERT_EQ(sim().set_memory_capacity(device, kDeviceCapacity), 0);
@@ -96,6 +98,7 @@ class CudaFaultTest : public ::testing::Test {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     baseline_bytes_ = sim().live_bytes(device);
     engine_ = std::make_unique<Engine>(std::make_unique<CudaBackend>(device));
+    ASSERT_TRUE(engine_->SetPlacement(placement).ok());
   }
 
   StreamId side() const { return reinterpret_cast<StreamId>(side_); }
@@ -311,6 +314,50 @@ std::string CudaMatrixName(const ::testing::TestParamInfo<CudaMatrixParam>& info
 INSTANTIATE_TEST_SUITE_P(AllCalls, CudaFaultMatrix,
                          ::testing::Combine(::testing::ValuesIn(kCudaFaults), ::testing::Bool()),
                          CudaMatrixName);
+
+// The same with the virtual-memory placement (expandable segments): every
+// driver call of the CUDA backend's VMM path, and the stream synchronisation
+// that precedes an unmap. A page's handle is stolen (unmap) when the 44 MiB
+// block needs pages and cached ones exist, and EmptyCache unmaps and frees.
+class CudaVmmFaultMatrix : public CudaFaultTest,
+                           public ::testing::WithParamInterface<CudaMatrixParam> {};
+
+TEST_P(CudaVmmFaultMatrix, EngineReportsTheFaultKeepsItsPagesAndRecovers) {
+  const auto [fault, repeatedly] = GetParam();
+  StartEngine(/*device=*/1, Placement::kVirtualMemory);
+  const unsigned long long before = sim().call_count(fault.call);
+  Inject(fault.call, repeatedly ? kForever : 1, fault.error);
+  ExpectFaultOf(fault.call);
+  RunWorkload();
+  if (repeatedly) RunWorkload();
+  EXPECT_GT(sim().call_count(fault.call), before) << "the workload never reached the fault";
+
+  RecoverAndReleaseEverything();
+  RunWorkload();
+  RecoverAndReleaseEverything();
+  EXPECT_EQ(engine_->GetStats().vmm.lost_pages, 0);
+}
+
+const CudaFault kCudaVmmFaults[] = {
+    {"cuMemAddressReserve", static_cast<cudaError_t>(CUDA_ERROR_OUT_OF_MEMORY)},
+    {"cuMemCreate", static_cast<cudaError_t>(CUDA_ERROR_OUT_OF_MEMORY)},
+    {"cuMemCreate", static_cast<cudaError_t>(CUDA_ERROR_UNKNOWN)},
+    {"cuMemMap", static_cast<cudaError_t>(CUDA_ERROR_INVALID_VALUE)},
+    {"cuMemSetAccess", static_cast<cudaError_t>(CUDA_ERROR_UNKNOWN)},
+    {"cuMemUnmap", static_cast<cudaError_t>(CUDA_ERROR_UNKNOWN)},
+    {"cudaStreamSynchronize", cudaErrorLaunchFailure},
+};
+
+std::string CudaVmmMatrixName(const ::testing::TestParamInfo<CudaMatrixParam>& info) {
+  const auto [fault, repeatedly] = info.param;
+  return absl::StrCat(fault.call, "_", static_cast<int>(fault.error), "_",
+                      repeatedly ? "Repeatedly" : "Once");
+}
+
+INSTANTIATE_TEST_SUITE_P(VmmCalls, CudaVmmFaultMatrix,
+                         ::testing::Combine(::testing::ValuesIn(kCudaVmmFaults),
+                                            ::testing::Bool()),
+                         CudaVmmMatrixName);
 
 TEST_F(CudaFaultTest, WorkloadNeedsNoErrorWithoutFaults) {
   StartEngine(/*device=*/1);

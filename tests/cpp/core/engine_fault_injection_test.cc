@@ -110,7 +110,7 @@ class FaultInjectingBackendTest : public ::testing::Test {
 };
 
 TEST_F(FaultInjectingBackendTest, ForwardsEveryCallWhenNothingIsArmed) {
-  for (BackendCall call : kAllBackendCalls) {
+  for (BackendCall call : kSegmentBackendCalls) {
     EXPECT_FALSE(Fails(call)) << BackendCallName(call);
     EXPECT_EQ(backend_->calls(call), 1) << BackendCallName(call);
     EXPECT_EQ(backend_->failures(call), 0) << BackendCallName(call);
@@ -122,7 +122,7 @@ TEST_F(FaultInjectingBackendTest, ForwardsEveryCallWhenNothingIsArmed) {
 }
 
 TEST_F(FaultInjectingBackendTest, AnyCallFailsOnceWithAnyCode) {
-  for (BackendCall call : kAllBackendCalls) {
+  for (BackendCall call : kSegmentBackendCalls) {
     for (absl::StatusCode code : {absl::StatusCode::kInternal, absl::StatusCode::kResourceExhausted,
                                   absl::StatusCode::kUnavailable, absl::StatusCode::kAborted}) {
       backend_->FailOnce(call, code);
@@ -134,7 +134,7 @@ TEST_F(FaultInjectingBackendTest, AnyCallFailsOnceWithAnyCode) {
     EXPECT_EQ(backend_->failures(call), 4) << BackendCallName(call);
     EXPECT_EQ(backend_->calls(call), 8) << BackendCallName(call);
   }
-  EXPECT_EQ(backend_->total_failures(), 4 * kNumBackendCalls);
+  EXPECT_EQ(backend_->total_failures(), 4 * static_cast<std::int64_t>(kSegmentBackendCalls.size()));
 }
 
 TEST_F(FaultInjectingBackendTest, InjectedErrorCarriesTheCodeAndNamesTheCallAndTheDevice) {
@@ -392,7 +392,7 @@ class FaultHarness {
 
   Before Snapshot() const {
     Before before;
-    for (BackendCall call : kAllBackendCalls) {
+    for (BackendCall call : kSegmentBackendCalls) {
       before.failures[static_cast<int>(call)] = faults_->failures(call);
     }
     return before;
@@ -406,7 +406,7 @@ class FaultHarness {
     EXPECT_FALSE(strict_) << what << " failed with no fault armed: " << status;
     const std::string message(status.message());
     bool injected_now = false;
-    for (BackendCall call : kAllBackendCalls) {
+    for (BackendCall call : kSegmentBackendCalls) {
       const int index = static_cast<int>(call);
       if (faults_->failures(call) == before.failures[index]) continue;
       injected_now = true;
@@ -545,7 +545,7 @@ INSTANTIATE_TEST_SUITE_P(
     AllCalls, FaultMatrixTest,
     ::testing::Combine(
         ::testing::Values(BackendKind::kHost, BackendKind::kControlled),
-        ::testing::ValuesIn(kAllBackendCalls),
+        ::testing::ValuesIn(kSegmentBackendCalls),
         ::testing::Values(Pattern::kOnce, Pattern::kRepeatedly, Pattern::kIntermittent),
         ::testing::Values(absl::StatusCode::kInternal, absl::StatusCode::kResourceExhausted)),
     MatrixTestName);
@@ -877,7 +877,7 @@ TEST_P(EngineFaultTest, RefusedSegmentAllocationIsReportedAndCachedBlocksAreStil
 // survives and everything comes back when the faults stop.
 TEST_P(EngineFaultTest, EveryCallFailingAtRandomOverALongRun) {
   FaultHarness h(kind(), kCapacity, /*seed=*/2024);
-  for (BackendCall call : kAllBackendCalls) {
+  for (BackendCall call : kSegmentBackendCalls) {
     h.Arm(call, FaultSpec{.code = call == BackendCall::kAllocateSegment
                                       ? absl::StatusCode::kResourceExhausted
                                       : absl::StatusCode::kInternal,
@@ -885,7 +885,7 @@ TEST_P(EngineFaultTest, EveryCallFailingAtRandomOverALongRun) {
                           .probability = 0.25});
   }
   for (int round = 0; round < 60; ++round) RunWorkload(h);
-  for (BackendCall call : kAllBackendCalls) {
+  for (BackendCall call : kSegmentBackendCalls) {
     EXPECT_GT(h.faults().failures(call), 0) << BackendCallName(call);
   }
   h.RecoverAndReleaseEverything();

@@ -7,12 +7,13 @@ under torchmem, each in a fresh process (the variable is read when CUDA starts).
 """
 
 import json
+import os
 
 import pytest
 import torch
 
 import torchmem
-from processes import run
+from processes import ROOT, run
 
 TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
 
@@ -106,20 +107,37 @@ def test_unimplemented_keys_warn_once_each_and_pinned_keys_are_pytorchs():
     from torchmem import _C_cuda
     print(json.dumps({"warnings": [str(w.message) for w in caught],
                       "unimplemented": _C_cuda.unimplemented_settings(),
-                      "allocated": torch.cuda.memory_allocated()}))
+                      "allocated": torch.cuda.memory_allocated(),
+                      "expandable": [s["is_expandable"] for s in torch.cuda.memory_snapshot()]}))
     """
     conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,release_lock_on_cudamalloc:True,"
                                        "pinned_use_cuda_host_register:True,"
                                        "pinned_num_register_threads:4"}
     result = run(snippet, "torchmem", env=conf)
     torchmem_warnings = [w for w in result["warnings"] if w.startswith("torchmem:")]
-    assert len(torchmem_warnings) == 2
-    assert "expandable_segments:True is not implemented by torchmem yet" in torchmem_warnings[0]
-    assert "issue 12" in torchmem_warnings[0]
-    assert "release_lock_on_cudamalloc:True" in torchmem_warnings[1]
+    # expandable_segments:True is implemented: torchmem's virtual-memory placement.
+    assert len(torchmem_warnings) == 1
+    assert "release_lock_on_cudamalloc:True" in torchmem_warnings[0]
     assert not any("pinned" in w for w in torchmem_warnings)
-    assert len(result["unimplemented"]) == 2
+    assert len(result["unimplemented"]) == 1
     assert result["allocated"] == 1024  # two 512-byte blocks: torchmem still serves CUDA
+    assert result["expandable"] == [True]
+
+
+@pytest.mark.parametrize("variable", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
+def test_expandable_segments_select_the_virtual_memory_placement(variable):
+    snippet = """
+    import simcuda
+    x = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    print(json.dumps({"reserved": torch.cuda.memory_reserved(),
+                      "mapped": simcuda.Control().vmm_stats()["mapped_bytes"],
+                      "mallocs": simcuda.Control().call_count("cudaMalloc")}))
+    """
+    env = {variable: "expandable_segments:True",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "simcuda"), str(ROOT)])}
+    # 2 pages mapped where PyTorch's placement would take a 20 MiB segment with cudaMalloc.
+    assert run(snippet, "torchmem", env=env) == {"reserved": 4 << 20, "mapped": 4 << 20,
+                                                 "mallocs": 0}
 
 
 def test_another_backend_is_refused_with_what_to_do(monkeypatch):

@@ -207,7 +207,10 @@ def test_torch_compile_cudagraphs_backend_runs_on_torchmem():
         x = torch.full((length,), 3.0).to("cuda")
         out = compiled(x)
         assert torch.equal(out.cpu(), torch.full((length,), 3.0))
-    assert torchmem.memory_stats("cuda:0") == torch.cuda.memory_stats(0)
+    # torchmem's own vmm.* keys (present once expandable segments were used in this
+    # process) aside, the same statistics as PyTorch reports.
+    ours = {k: v for k, v in torchmem.memory_stats("cuda:0").items() if not k.startswith("vmm.")}
+    assert ours == torch.cuda.memory_stats(0)
     pools = {s["segment_pool_id"] for s in torch.cuda.memory_snapshot()} - {(0, 0)}
     assert pools  # the cudagraph tree's private pool
     del out, compiled

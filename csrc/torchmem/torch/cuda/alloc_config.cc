@@ -49,7 +49,8 @@ bool IsTrue(const std::string& value) { return value == "True" || value == "true
 bool HandledKey(std::string_view key) {
   static const std::set<std::string_view> kHonoured = {
       "max_split_size_mb",    "max_non_split_rounding_mb",   "roundup_power2_divisions",
-      "garbage_collection_threshold", "per_process_memory_fraction", "large_segment_size_mb"};
+      "garbage_collection_threshold", "per_process_memory_fraction", "large_segment_size_mb",
+      "expandable_segments"};
   return kHonoured.contains(key) || key.starts_with("pinned_");
 }
 
@@ -70,14 +71,7 @@ std::vector<std::string> UnimplementedSettings() {
   std::vector<std::string> found;
   for (const auto& [key, value] : ParseKeys(AcceleratorAllocatorConfig::last_allocator_settings())) {
     if (HandledKey(key)) continue;
-    if (key == "expandable_segments") {
-      if (IsTrue(value)) {
-        found.push_back(
-            "expandable_segments:True is not implemented by torchmem yet (it is planned: "
-            "torchmem issue 12, virtual-memory segments); torchmem allocates ordinary "
-            "segments, as with expandable_segments:False");
-      }
-    } else if (key == "backend") {
+    if (key == "backend") {
       if (value != "native") {
         found.push_back(absl::StrCat(
             "backend:", value, " asks for another CUDA allocator, but torchmem is installed as "
@@ -150,6 +144,10 @@ CudaAllocSettings ReadCudaAllocSettings() {
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // per_process_memory_fraction arrived in 2.10
   settings.per_process_memory_fraction = CUDAAllocatorConfig::per_process_memory_fraction();
 #endif
+  // Not CUDAAllocatorConfig::expandable_segments(): it answers by a macro of
+  // PyTorch's own build (PYTORCH_C10_DRIVER_API_SUPPORTED) that is undefined
+  // in an extension, and would say false with a warning.
+  settings.expandable_segments = AcceleratorAllocatorConfig::use_expandable_segments();
   const char* uncached = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
   settings.caching_disabled = uncached != nullptr && *uncached != '\0' && std::string_view(uncached) != "0";
   if (settings.caching_disabled) {

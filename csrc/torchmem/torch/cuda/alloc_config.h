@@ -8,10 +8,16 @@
 //   large_segment_size_mb       -> the engines' SizePolicy
 //   garbage_collection_threshold -> the engines' collection threshold
 //   per_process_memory_fraction  -> each device's initial memory fraction
+//   expandable_segments          -> the engines' placement: True selects the
+//                                   virtual-memory placement (segments that
+//                                   grow in place, pages mapped where live
+//                                   blocks need them); False (PyTorch's
+//                                   default, and torchmem's) PyTorch's
+//                                   placement
 // Keys that configure PyTorch's pinned host allocator (pinned_*) keep
 // working through PyTorch and need nothing here. Every other key set to a
 // value that would change behaviour, and that torchmem does not implement
-// (expandable_segments:True, release_lock_on_cudamalloc,
+// (release_lock_on_cudamalloc,
 // graph_capture_record_stream_reuse, throw_on_cudamalloc_oom,
 // backend:cudaMallocAsync, keys newer than torchmem), gets one warning that
 // names it and says what happens instead. PYTORCH_NO_CUDA_MEMORY_CACHING is
@@ -32,6 +38,8 @@ struct CudaAllocSettings {
   SizePolicy policy;
   double garbage_collection_threshold = 0.0;
   double per_process_memory_fraction = 1.0;
+  // expandable_segments:True: the virtual-memory placement.
+  bool expandable_segments = false;
   // PYTORCH_NO_CUDA_MEMORY_CACHING is set: allocate with cudaMalloc directly.
   bool caching_disabled = false;
 };

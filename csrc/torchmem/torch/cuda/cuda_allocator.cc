@@ -159,7 +159,17 @@ void TorchmemCudaAllocatorImpl::ApplySettings() {
     absl::Status adopted = engine->SetSizePolicy(settings.policy);
     if (!adopted.ok()) Warn(adopted.message());
     engine->SetGarbageCollectionThreshold(settings.garbage_collection_threshold);
+    ApplyPlacement(*engine, settings.expandable_segments);
   }
+}
+
+void TorchmemCudaAllocatorImpl::ApplyPlacement(Engine& engine, bool expandable_segments) {
+  // Blocks already allocated stay where they are; new ones follow the
+  // placement. A device without the driver's virtual memory keeps PyTorch's
+  // placement, with one warning that says why.
+  const Placement wanted = expandable_segments ? Placement::kVirtualMemory : Placement::kPyTorch;
+  if (engine.placement() == wanted) return;
+  if (absl::Status set = engine.SetPlacement(wanted); !set.ok()) Warn(set.message());
 }
 
 void TorchmemCudaAllocatorImpl::ConfigureNewEngine(int device, Engine& engine) {
@@ -171,6 +181,7 @@ void TorchmemCudaAllocatorImpl::ConfigureNewEngine(int device, Engine& engine) {
   absl::Status adopted = engine.SetSizePolicy(settings.policy);
   if (!adopted.ok()) Warn(adopted.message());
   engine.SetGarbageCollectionThreshold(settings.garbage_collection_threshold);
+  ApplyPlacement(engine, settings.expandable_segments);
   if (settings.per_process_memory_fraction < 1.0) {
     // Not setMemoryFraction(): the engine is not published yet.
     const double fraction = settings.per_process_memory_fraction;

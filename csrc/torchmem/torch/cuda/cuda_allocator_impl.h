@@ -120,6 +120,9 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   void ConfigureNewEngine(int device, Engine& engine);
   // Re-reads PyTorch's allocator settings and applies them to every engine.
   void ApplySettings();
+  // expandable_segments -> the engine's placement (warns if the device has
+  // no virtual memory API).
+  static void ApplyPlacement(Engine& engine, bool expandable_segments);
 
  private:
   void* Malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream);

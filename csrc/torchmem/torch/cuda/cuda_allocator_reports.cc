@@ -115,12 +115,18 @@ cca::SegmentInfo ToTorch(const SegmentInfo& segment, int device, c10::MempoolId_
   out.address = segment.address;
   out.stream = reinterpret_cast<decltype(out.stream)>(segment.stream);
   out.is_large = segment.pool == PoolKind::kLarge;
-  out.is_expandable = false;
+  out.is_expandable = segment.vmm;
   // As PyTorch: a snapshot of one pool names it; a full snapshot names each.
   const bool whole = asked.first == 0 && asked.second == 0;
   if (whole || ToPoolId(asked) == segment.owner) out.owner_private_pool_id = ToMempoolId(segment.owner);
   if (with_contexts) out.context_when_allocated = contexts.Get(segment.context);
-  for (const BlockInfo& block : segment.blocks) {
+  std::size_t blocks = segment.blocks.size();
+  // As PyTorch shows an expandable segment: up to the end of its last used
+  // block; the free tail of the reserved range (address space only) is not
+  // memory.
+  if (segment.vmm && blocks > 0 && segment.blocks.back().state == BlockState::kFree) --blocks;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    const BlockInfo& block = segment.blocks[i];
     cca::BlockInfo info;
     info.size = block.size;
     info.requested_size = block.state == BlockState::kFree ? block.last_requested_size
@@ -236,7 +242,7 @@ cca::SnapshotInfo TorchmemCudaAllocatorImpl::TakeSnapshot(c10::MempoolId_t pool,
   config.garbage_collection_threshold = AcceleratorAllocatorConfig::garbage_collection_threshold();
   config.max_split_size = AcceleratorAllocatorConfig::max_split_size();
   config.pinned_num_register_threads = CUDAAllocatorConfig::pinned_num_register_threads();
-  config.expandable_segments = false;  // what torchmem does, whatever was asked
+  config.expandable_segments = AcceleratorAllocatorConfig::use_expandable_segments();
   config.release_lock_on_malloc = CUDAAllocatorConfig::release_lock_on_cudamalloc();
   config.pinned_use_host_register = CUDAAllocatorConfig::pinned_use_cuda_host_register();
   config.graph_capture_record_stream_reuse =

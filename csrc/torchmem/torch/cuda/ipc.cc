@@ -53,6 +53,15 @@ cca::ShareableHandle TorchmemCudaAllocatorImpl::shareIpcHandle(void* ptr) {
     if (!block.ok()) continue;
     absl::StatusOr<SegmentInfo> segment = engine->SegmentContaining(ptr);
     TORCH_INTERNAL_ASSERT(segment.ok());
+    // cudaIpcGetMemHandle refuses memory mapped with the driver's virtual
+    // memory API, and torchmem creates its pages without a shareable handle.
+    TORCH_CHECK(!segment->vmm,
+                "torchmem: this tensor lives in an expandable segment (torchmem's virtual-memory "
+                "placement, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which torchmem "
+                "cannot share with another process through CUDA IPC; run the sharing process "
+                "without expandable_segments:True, or share a copy of the tensor made while "
+                "expandable segments are off (torch.cuda.memory._set_allocator_settings("
+                "\"expandable_segments:False\"))");
     void* base = reinterpret_cast<void*>(segment->address);
     cudaIpcMemHandle_t handle;
     {

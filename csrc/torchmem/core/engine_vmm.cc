@@ -1,0 +1,325 @@
+// Engine: the virtual-memory placement (PyTorch's expandable_segments).
+//
+// Per (private pool or default, stream, small/large) one address range is
+// reserved once, large enough for the whole device; it is a Segment with
+// `vmm` set whose blocks tile it like any segment's, its free tail included.
+// Blocks are placed by page fit (page_fit.h) and always split to their
+// rounded size (sharing a page with a neighbour is where the memory comes
+// from); the pages a live block touches are mapped by the VmmSpace, which
+// steals cached pages before it creates new ones. So reserved_bytes (the
+// mapped pages) follows what is live rather than what was once split.
+#include <algorithm>
+#include <bit>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "torchmem/core/engine.h"
+#include "torchmem/core/format.h"
+#include "torchmem/core/page_fit.h"
+
+namespace torchmem {
+
+absl::Status Engine::SetPlacement(Placement placement) {
+  MutexLock lock(&mutex_);
+  if (placement == Placement::kVirtualMemory) {
+    if (absl::StatusOr<VmmSpace*> space = Vmm(); !space.ok()) return space.status();
+  }
+  placement_ = placement;
+  return absl::OkStatus();
+}
+
+Placement Engine::placement() const {
+  MutexLock lock(&mutex_);
+  return placement_;
+}
+
+absl::StatusOr<VmmSpace*> Engine::Vmm() {
+  if (vmm_ != nullptr) return vmm_.get();
+  absl::StatusOr<std::size_t> page = backend_->VirtualMemoryPageSize();
+  if (!page.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "torchmem: expandable segments need the device's virtual memory API, but ",
+        page.status().message(), "; leave expandable_segments off for ", device_name_));
+  }
+  if (!std::has_single_bit(*page) || *page % policy_.min_block_size != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "torchmem: %s reports a virtual memory page of %d bytes, not a power of two multiple of "
+        "%d",
+        device_name_, *page, policy_.min_block_size));
+  }
+  if (absl::Status sized = SizeRanges(*page); !sized.ok()) return sized;
+  vmm_ = std::make_unique<VmmSpace>(
+      *backend_, *page, [this](Segment& range, std::int64_t pages) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        OnPagesMapped(range, pages);
+      });
+  return vmm_.get();
+}
+
+absl::Status Engine::SizeRanges(std::size_t page) {
+  absl::StatusOr<std::size_t> capacity = backend_->Capacity();
+  if (!capacity.ok()) return capacity.status();
+  // Each range can hold the whole device and an eighth more, as PyTorch
+  // sizes an expandable segment: address space costs no memory, and a range
+  // never fills up before the device does.
+  const std::size_t wanted = *capacity + *capacity / 8;
+  range_bytes_ = std::max(page, (wanted + page - 1) / page * page);
+  return absl::OkStatus();
+}
+
+void Engine::OnPagesMapped(Segment& range, std::int64_t pages) {
+  const std::int64_t bytes = pages * static_cast<std::int64_t>(vmm_->page_size());
+  auto apply = [&](StatArray& array) {
+    if (bytes > 0) array.Increase(range.pool, bytes);
+    if (bytes < 0) array.Decrease(range.pool, -bytes);
+  };
+  apply(stats_.reserved_bytes);
+  if (range.owner != nullptr) {
+    apply(stats_.reserved_bytes_by_private_pools[{range.owner->id.first, range.owner->id.second}]);
+  }
+  peak_mapped_bytes_ = std::max(
+      peak_mapped_bytes_, vmm_->mapped_pages() * static_cast<std::int64_t>(vmm_->page_size()));
+}
+
+std::int64_t Engine::HeldBytes(const Segment& segment) const {
+  if (!segment.vmm) return static_cast<std::int64_t>(segment.size);
+  return segment.mapped_pages * static_cast<std::int64_t>(vmm_->page_size());
+}
+
+void Engine::FillVmmStats(MemoryStats& stats) const {
+  if (vmm_ == nullptr) return;
+  const auto page = static_cast<std::int64_t>(vmm_->page_size());
+  const VmmCounters& calls = vmm_->counters();
+  MemoryStats::Vmm& out = stats.vmm;
+  out.page_size = page;
+  out.reserved_address_bytes = reserved_address_bytes_;
+  out.mapped_bytes = vmm_->mapped_pages() * page;
+  out.touched_bytes = vmm_->touched_pages() * page;
+  out.cached_bytes = out.mapped_bytes - out.touched_bytes;
+  out.peak_mapped_bytes = peak_mapped_bytes_;
+  out.reserves = calls.reserves;
+  out.address_releases = calls.address_releases;
+  out.creates = calls.creates;
+  out.releases = calls.releases;
+  out.maps = calls.maps;
+  out.set_access = calls.set_access;
+  out.unmaps = calls.unmaps;
+  out.steals = calls.steals;
+  out.lost_pages = calls.lost_pages;
+}
+
+absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
+                                              PrivatePool* owner, ContextId context) {
+  absl::StatusOr<VmmSpace*> space = Vmm();
+  if (!space.ok()) return space.status();
+  if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(lists.stream);
+      !allowed.ok()) {
+    return allowed;
+  }
+  // Sized by the device's capacity now (a device whose capacity changed,
+  // as a simulated one can, gets ranges that fit it from then on); if the
+  // device cannot say, the last size serves.
+  (void)SizeRanges((*space)->page_size());
+  ++(*space)->mutable_counters().reserves;
+  absl::StatusOr<std::uintptr_t> address = backend_->ReserveAddressRange(range_bytes_);
+  if (!address.ok()) {
+    return absl::Status(address.status().code(),
+                        absl::StrFormat("torchmem: could not reserve %s of address space on %s: %s",
+                                        FormatBytes(static_cast<std::int64_t>(range_bytes_)),
+                                        device_name_, address.status().message()));
+  }
+  if (*address % (*space)->page_size() != 0) {
+    (void)backend_->ReleaseAddressRange(*address, range_bytes_);
+    return absl::InternalError(absl::StrFormat(
+        "backend %s reserved an address range at %#x, not aligned to its %d-byte pages",
+        device_name_, *address, (*space)->page_size()));
+  }
+  auto segment = std::make_unique<Segment>();
+  segment->address = *address;
+  segment->size = range_bytes_;
+  segment->pool = pool;
+  segment->stream = lists.stream;
+  segment->lists = &lists.vmm_pools[static_cast<int>(pool)];
+  segment->stream_lists = &lists;
+  segment->owner = owner;
+  segment->registration = next_segment_registration_++;
+  segment->context = context;
+  segment->vmm = true;
+  ++lists.segments;
+  lists.vmm_ranges[static_cast<int>(pool)] = segment.get();
+  Block* block = NewBlock();
+  block->address = *address;
+  block->size = range_bytes_;
+  block->segment = segment.get();
+  segment->first = block;
+  blocks_.emplace(block->address, block);
+  segment->lists->Insert(block);
+  stats_.segment.Increase(pool, 1);
+  if (owner != nullptr) ++owner->segments;
+  reserved_address_bytes_ += static_cast<std::int64_t>(range_bytes_);
+  (*space)->AddRange(segment.get());
+  Segment* range = segment.get();
+  segments_.emplace(range->address, std::move(segment));
+  return range;
+}
+
+Block* Engine::CarveBlock(Block* block, std::uintptr_t address, std::size_t size) {
+  FreeLists& lists = *block->segment->lists;
+  lists.Remove(block);
+  if (address > block->address) {
+    // Placed against the end of the free block: the front stays free.
+    SplitBlock(block, address - block->address);
+    Block* placed = block->next;
+    lists.Remove(placed);
+    block->cached_at = gc_clock_;
+    lists.Insert(block);
+    block = placed;
+  }
+  if (block->size > size) SplitBlock(block, size);
+  return block;
+}
+
+absl::Status Engine::AcquirePages(Block* block) {
+  // Each page of a block takes an entry in the page table before any is
+  // mapped: a block larger than the device (a range is an eighth larger)
+  // fails here, before the table grows by millions of entries. Only huge
+  // blocks pay for asking the device.
+  constexpr std::int64_t kPagesWorthACapacityCheck = std::int64_t{1} << 15;
+  const auto page = static_cast<std::int64_t>(vmm_->page_size());
+  const std::uint64_t spanned =
+      vmm_->PageOf(block->address + block->size - 1) - vmm_->PageOf(block->address) + 1;
+  if (ABSL_PREDICT_FALSE(spanned >= static_cast<std::uint64_t>(kPagesWorthACapacityCheck))) {
+    const std::int64_t untouched = vmm_->UntouchedPages(block->address, block->size);
+    absl::StatusOr<std::size_t> capacity = backend_->Capacity();
+    if (capacity.ok() && untouched > static_cast<std::int64_t>(*capacity) / page) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s of new pages are more than the device's %s", FormatBytes(untouched * page),
+          FormatBytes(static_cast<std::int64_t>(*capacity))));
+    }
+  }
+  VmmAcquireLimits limits;
+  // Unmapping a cached page waits for its stream, which a capture forbids.
+  limits.may_steal = !CaptureUnderwayLocked();
+  if (memory_limit_ != 0) {
+    // Unsigned: a limit may be as large as SIZE_MAX (no practical limit).
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+    const std::size_t room = memory_limit_ > reserved ? memory_limit_ - reserved : 0;
+    limits.creatable_pages = static_cast<std::int64_t>(
+        std::min<std::size_t>(room / vmm_->page_size(), std::numeric_limits<std::int64_t>::max()));
+  }
+  return vmm_->Acquire(*block->segment, block->address, block->size, limits);
+}
+
+void Engine::CollectCachedPages() {
+  // garbage_collection_threshold under virtual memory: cached pages are the
+  // only memory a range holds that no live block needs. A new page is taken
+  // from them before one is created, so they pile up only up to the peak;
+  // past threshold x limit, give back the excess (highest addresses first,
+  // the pages least likely to be wanted back soon) rather than PyTorch's
+  // oldest blocks, which have no counterpart among pages.
+  // In doubles: threshold x limit may exceed any integer type (a limit of
+  // SIZE_MAX), and then nothing is over it.
+  const double threshold = gc_threshold_ * static_cast<double>(memory_limit_);
+  const std::int64_t reserved = stats_.reserved_bytes.all().current;
+  if (static_cast<double>(reserved) <= threshold) return;
+  const auto excess = static_cast<std::int64_t>(static_cast<double>(reserved) - threshold);
+  const auto page = static_cast<std::int64_t>(vmm_->page_size());
+  (void)vmm_->ReleaseStealable((excess + page - 1) / page);
+}
+
+void Engine::ReleasePages(Block* block) {
+  vmm_->Release(*block->segment, block->address, block->size);
+}
+
+absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind pool,
+                                               StreamId stream, PrivatePool* owner,
+                                               ContextId context) {
+  const bool capturing = CaptureUnderwayLocked();
+  absl::Status failure;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    // Looked up again after the ladder below, which may release the range
+    // and its lists.
+    StreamLists& lists = owner == nullptr ? ListsFor(stream) : PoolListsFor(owner, stream);
+    Segment* range = lists.vmm_ranges[static_cast<int>(pool)];
+    if (range == nullptr) {
+      absl::StatusOr<Segment*> reserved = ReserveRange(lists, pool, owner, context);
+      if (!reserved.ok()) return reserved.status();
+      range = *reserved;
+    }
+    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, *vmm_);
+    if (choice.block == nullptr) {
+      // The ladder may release the range (if all of it is free) and reserve
+      // one sized by the device's capacity now.
+      failure = absl::ResourceExhaustedError(absl::StrFormat(
+          "no free extent of %s is left in the %s of address space reserved for this pool",
+          FormatBytes(static_cast<std::int64_t>(rounded)),
+          FormatBytes(static_cast<std::int64_t>(range->size))));
+    } else {
+      Block* block = CarveBlock(choice.block, choice.address, rounded);
+      failure = AcquirePages(block);
+      if (failure.ok()) {
+        if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0 && memory_limit_ != 0) && !capturing) {
+          CollectCachedPages();
+        }
+        return block;
+      }
+      // Nothing was taken: the space goes back as it was.
+      InsertMerged(block);
+      ApplyInactiveSplitChange(pool);
+    }
+    if (!absl::IsResourceExhausted(failure)) break;
+    // As PyTorch does before anything is released: a MemPool that opted in
+    // (use_on_oom) lends a free block of its own to the default pool, also
+    // during a capture.
+    if (owner == nullptr && attempt == 0) {
+      if (Block* lent = LendFromUseOnOomPools(rounded, pool, stream)) return lent;
+    }
+    if (capturing || attempt == 1) break;
+    // The ladder: pending blocks become free and every cached page that may
+    // go is given back (of released private pools too), then once more.
+    ++stats_.num_alloc_retries;
+    absl::Status reclaimed = SynchronizeAllEvents();
+    absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
+    if (!reclaimed.ok() || !released.ok()) {
+      const absl::Status& why = reclaimed.ok() ? released : reclaimed;
+      return absl::Status(failure.code(),
+                          absl::StrCat(failure.message(),
+                                       "; the cache could not make room first: ", why.message()));
+    }
+  }
+  return failure;
+}
+
+Block* Engine::LendFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamId stream) {
+  // A pool's PyTorch segments (MemPool(no_split=True), or blocks made before
+  // the placement changed): split as PyTorch's placement would.
+  if (Block* lent = TakeFromUseOnOomPools(rounded, kind, stream)) {
+    if (lent->size != rounded && !lent->owner()->no_split &&
+        policy_.ShouldSplit(lent->pool(), lent->size, rounded)) {
+      SplitBlock(lent, rounded);
+    }
+    return lent;
+  }
+  // A pool's range: only a place whose pages are mapped already. What the
+  // pool lends is memory it holds; new pages are what the device lacks, and
+  // a private pool's cached pages are never stolen.
+  VmmAcquireLimits held_pages_only;
+  held_pages_only.may_steal = false;
+  held_pages_only.creatable_pages = 0;
+  for (const auto& [id, pool] : private_pools_) {
+    if (!pool->use_on_oom || pool->freeable) continue;
+    auto lists = pool->streams.find(stream);
+    if (lists == pool->streams.end()) continue;
+    Segment* range = lists->second->vmm_ranges[static_cast<int>(kind)];
+    if (range == nullptr) continue;
+    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, *vmm_);
+    if (choice.block == nullptr) continue;
+    Block* block = CarveBlock(choice.block, choice.address, rounded);
+    if (vmm_->Acquire(*range, block->address, block->size, held_pages_only).ok()) return block;
+    InsertMerged(block);
+    ApplyInactiveSplitChange(kind);
+  }
+  return nullptr;
+}
+
+}  // namespace torchmem

@@ -1,0 +1,235 @@
+// VmmSpace: the physical pages behind an engine's virtual-memory ranges
+// (engine-internal; the engine's lock guards it).
+//
+// With a backend that has the driver's virtual memory API, the engine
+// reserves one address range per (pool, stream, small/large) once and places
+// blocks in it (page_fit.h); this class decides which 2 MiB pages of those
+// ranges hold physical memory and makes the backend calls:
+//   - a page is "touched" while a live block (allocated or pending) overlaps
+//     it; a touched page is always mapped;
+//   - when a block is handed out, its untouched pages that are not mapped get
+//     a physical page: the handle of a "cached" page (mapped, touched by no
+//     live block) is stolen first, the highest-addressed one (first and page
+//     fit fill low addresses, so high cached pages are the least likely to be
+//     wanted back soon), else a new one is created;
+//   - when a block goes free its pages stay mapped (lazy unmapping): placing
+//     a block there again costs no call. EmptyCache unmaps and frees them.
+// Pages of private pools (CUDA graphs replay into their addresses) are never
+// stolen: they go only when their pool is released and its cache emptied.
+// So the hot path, a block whose pages are all mapped, makes no backend call;
+// benchmarks/vmm_model/VMM_PLACEMENT.md is the study behind these choices.
+//
+// Invariants (Check verifies them against the engine's recount):
+//   - a page's reference count is the number of live blocks overlapping it;
+//   - every page with references is mapped and accessible (between
+//     operations); a page's entry exists iff it is mapped;
+//   - every mapped page lies in exactly one registered range, whose
+//     mapped_pages counts it;
+//   - the stealable set holds every mapped, untouched page of ranges of no
+//     private pool, and only mapped pages, each flagged `listed`. It may
+//     also hold pages that a live block touched since they were listed
+//     (stale entries, skipped and dropped when a steal meets them): a block
+//     going live on cached pages and coming back, the hot path, then costs
+//     no set operation.
+#ifndef TORCHMEM_CORE_VMM_SPACE_H_
+#define TORCHMEM_CORE_VMM_SPACE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <array>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "torchmem/core/backend.h"
+#include "torchmem/core/block.h"
+
+namespace torchmem {
+
+// Backend calls made and how pages moved, since the engine was created.
+struct VmmCounters {
+  std::int64_t reserves = 0;          // ReserveAddressRange
+  std::int64_t address_releases = 0;  // ReleaseAddressRange
+  std::int64_t creates = 0;           // CreatePhysicalPage
+  std::int64_t releases = 0;          // ReleasePhysicalPage
+  std::int64_t maps = 0;              // MapPage (one page each)
+  std::int64_t set_access = 0;        // SetAccess (a run of new mappings each)
+  std::int64_t unmaps = 0;            // UnmapPages (a run of pages each)
+  std::int64_t steals = 0;            // handles moved from a cached page
+  std::int64_t lost_pages = 0;        // pages a failing backend would not take back
+};
+
+// What an acquisition may do to find physical pages.
+struct VmmAcquireLimits {
+  // Whether cached pages of other places may be unmapped for this one (not
+  // while a CUDA graph is captured: unmapping waits for a stream).
+  bool may_steal = true;
+  // How many pages may still be created (a memory limit); -1: no limit.
+  std::int64_t creatable_pages = -1;
+};
+
+class VmmSpace {
+ public:
+  // Called after pages of `range` were mapped (+n) or unmapped (-n): the
+  // engine keeps reserved_bytes equal to the mapped bytes.
+  using MappedListener = std::function<void(Segment& range, std::int64_t pages)>;
+
+  VmmSpace(Backend& backend, std::size_t page_size, MappedListener listener);
+  VmmSpace(const VmmSpace&) = delete;
+  VmmSpace& operator=(const VmmSpace&) = delete;
+
+  std::size_t page_size() const { return page_size_; }
+
+  // Ranges whose pages this space manages (reserved by the engine).
+  void AddRange(Segment* range);
+  // `range` holds no mapped page any more.
+  void RemoveRange(Segment* range);
+
+  // Pages of [start, start + size) that no live block touches: the cost of a
+  // placement there in new physical memory. Only the end pages can be shared
+  // with live neighbours of a free range, so this is two lookups.
+  std::int64_t UntouchedPages(std::uintptr_t start, std::size_t size) const;
+
+  // A block [start, start + size) of `range` goes live: its pages gain a
+  // reference and those without physical memory are mapped. On error
+  // (ResourceExhausted when no page can be had, or the backend's error)
+  // nothing is referenced; pages mapped before the failure stay, cached.
+  absl::Status Acquire(Segment& range, std::uintptr_t start, std::size_t size,
+                       const VmmAcquireLimits& limits);
+  // The block [start, start + size) of `range` is no longer live: pages it
+  // alone touched become cached (still mapped).
+  void Release(Segment& range, std::uintptr_t start, std::size_t size);
+  // Unmaps and frees every cached page of `range` (EmptyCache, the
+  // out-of-memory ladder). Stops at the first backend error; the pages not
+  // freed stay cached.
+  absl::Status ReleaseCached(Segment& range);
+
+  // Unmaps and frees up to `pages` cached pages of ranges of no private
+  // pool, highest address first (garbage collection under a memory limit).
+  // Returns how many went; stops at the first backend error.
+  std::int64_t ReleaseStealable(std::int64_t pages);
+
+  // Unmaps and frees every page, live or not (the engine is being
+  // destroyed); errors are ignored.
+  void ReleaseEverything();
+
+  std::int64_t mapped_pages() const { return mapped_pages_; }
+  std::int64_t touched_pages() const { return touched_pages_; }
+  const VmmCounters& counters() const { return counters_; }
+  VmmCounters& mutable_counters() { return counters_; }
+
+  // Checks the invariants against `references` (page index -> live blocks
+  // overlapping it, recounted by the engine); an empty string if they hold.
+  std::string Check(const absl::flat_hash_map<std::uint64_t, std::int32_t>& references) const;
+
+  std::uint64_t PageOf(std::uintptr_t address) const { return address >> page_shift_; }
+
+ private:
+  struct Page {
+    std::int32_t references = 0;
+    bool mapped = false;  // false only while Acquire looks for its handle
+    // SetAccess succeeded (a failed acquisition may leave a page mapped
+    // without access: it gets it when a block next needs it).
+    bool accessible = false;
+    // In stealable_ (possibly stale: touched again since it was listed).
+    bool listed = false;
+    bool present = false;  // the table holds this page (see PageTable)
+    PhysicalPage handle = 0;
+  };
+
+  // Pages by index, in chunks of 512 pages (1 GiB of 2 MiB pages) allocated
+  // while they hold a page: a block's pages are consecutive, so a 16 MiB
+  // block costs one chunk lookup rather than eight hash lookups, and the
+  // last chunk used is remembered. The subset of a hash map's interface the
+  // space needs.
+  class PageTable {
+   public:
+    Page* Find(std::uint64_t index) const {
+      Chunk* chunk = ChunkOf(index >> kChunkShift);
+      if (chunk == nullptr) return nullptr;
+      Page& page = chunk->pages[index & kChunkMask];
+      return page.present ? &page : nullptr;
+    }
+    // The page, inserted (default) if absent.
+    Page& operator[](std::uint64_t index);
+    void Erase(std::uint64_t index);
+    void Clear();
+    std::int64_t size() const { return size_; }
+    // fn(index, page) for every page held, in no particular order.
+    template <typename Fn>
+    void ForEach(Fn fn) const {
+      for (const auto& [id, chunk] : chunks_) {
+        for (std::uint64_t i = 0; i < kChunkPages; ++i) {
+          if (chunk->pages[i].present) fn((id << kChunkShift) + i, chunk->pages[i]);
+        }
+      }
+    }
+
+   private:
+    static constexpr int kChunkShift = 9;
+    static constexpr std::uint64_t kChunkPages = std::uint64_t{1} << kChunkShift;
+    static constexpr std::uint64_t kChunkMask = kChunkPages - 1;
+    struct Chunk {
+      std::array<Page, kChunkPages> pages;
+      std::int64_t held = 0;
+    };
+    Chunk* ChunkOf(std::uint64_t id) const {
+      if (id == cached_id_) return cached_;
+      auto it = chunks_.find(id);
+      if (it == chunks_.end()) return nullptr;
+      cached_id_ = id;
+      cached_ = it->second.get();
+      return cached_;
+    }
+
+    absl::flat_hash_map<std::uint64_t, std::unique_ptr<Chunk>> chunks_;
+    std::int64_t size_ = 0;
+    // The chunk last looked up (never a freed one).
+    mutable std::uint64_t cached_id_ = ~std::uint64_t{0};
+    mutable Chunk* cached_ = nullptr;
+  };
+
+  // The highest-addressed cached page that may be stolen, dropping stale
+  // entries on the way; nullopt if none.
+  std::optional<std::uint64_t> HighestStealable();
+
+  // A physical page to map: a cached page's handle (stolen) or a new one;
+  // `created` counts the pages this acquisition created.
+  absl::StatusOr<PhysicalPage> ObtainHandle(const VmmAcquireLimits& limits,
+                                            std::int64_t* created);
+  // Maps the pages [first, first + count) (all in `range`, none mapped) and
+  // gives them access.
+  absl::Status MapRun(Segment& range, std::uint64_t first, std::int64_t count,
+                      const VmmAcquireLimits& limits, std::int64_t* created);
+  // SetAccess over mapped pages [first, first + count).
+  absl::Status GiveAccess(std::uint64_t first, std::int64_t count);
+  // Unmaps a mapped, untouched page and returns its handle (the page leaves
+  // the map).
+  absl::StatusOr<PhysicalPage> UnmapPage(std::uint64_t index);
+  void Unreference(Segment& range, std::uint64_t first, std::uint64_t last);
+  Segment* RangeOf(std::uint64_t index) const;
+  bool Stealable(const Segment& range) const { return range.owner == nullptr; }
+  // Gives a handle back to the backend, counting it as lost if it refuses.
+  void FreeHandle(PhysicalPage handle);
+
+  Backend& backend_;
+  const std::size_t page_size_;
+  const int page_shift_;
+  const MappedListener listener_;
+  absl::btree_map<std::uintptr_t, Segment*> ranges_;  // by base address
+  // Mapped pages by index (address / page size).
+  PageTable pages_;
+  absl::btree_set<std::uint64_t> stealable_;
+  std::int64_t mapped_pages_ = 0;
+  std::int64_t touched_pages_ = 0;
+  VmmCounters counters_;
+};
+
+}  // namespace torchmem
+
+#endif  // TORCHMEM_CORE_VMM_SPACE_H_

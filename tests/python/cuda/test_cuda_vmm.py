@@ -1,0 +1,239 @@
+"""expandable_segments:True through torchmem: the virtual-memory placement on the driver's API.
+
+With ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (here switched on at run time with
+``torch.cuda.memory._set_allocator_settings``, which PyTorch parses and torchmem follows),
+torchmem's CUDA engines reserve address ranges once (cuMemAddressReserve) and map 2 MiB
+physical pages (cuMemCreate + cuMemMap + cuMemSetAccess) where live blocks need them. The
+simulated device implements that driver API over memfd-backed host pages, so these tests
+check what a GPU would show: the device's mapped bytes equal ``torch.cuda.memory_reserved()``,
+data lives across page boundaries, driver failures become clear errors, and the allocator
+stays consistent after each.
+"""
+
+import gc
+import os
+
+import pytest
+import torch
+
+import torchmem
+from torchmem import _C
+
+MiB = 1 << 20
+TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
+# The fixture below switches expandable segments on at run time; before torch 2.11 PyTorch has
+# no hook that passes such a change on to an allocator (test_cuda_alloc_conf.py covers the
+# environment variable on every release).
+pytestmark = pytest.mark.skipif(
+    TORCH < (2, 11), reason="allocator settings changed at run time reach torchmem from torch 2.11")
+
+
+def engine():
+    return _C.cuda_engine(0)
+
+
+# PyTorch's call that re-parses the allocator settings (its older name before torch 2.10).
+set_allocator_settings = getattr(torch._C, "_accelerator_setAllocatorSettings",
+                                 torch.cuda.memory._set_allocator_settings)
+
+
+def empty_cache() -> None:
+    """Unmaps every cached page, after collecting tensors that only a reference cycle holds.
+
+    A test that keeps a ``pytest.raises`` result keeps a cycle (exception, traceback, the test's
+    frame) that holds the frame's tensors until the garbage collector runs, whenever Python's
+    thresholds trip (under torch 2.15 / Python 3.13 not before the next test): without the
+    collection the next test would start with them mapped, or cached over its memory limit.
+    """
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def expandable():
+    """Expandable segments on for the test, from an empty cache; off, with an empty cache, after it."""
+    empty_cache()
+    set_allocator_settings("expandable_segments:True")
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        set_allocator_settings("expandable_segments:False")
+        empty_cache()
+
+
+def filled(count: int, value: int) -> torch.Tensor:
+    """A device tensor holding ``value`` (copied from the host: kernels do not run here)."""
+    return torch.full((count,), value, dtype=torch.uint8).to("cuda")
+
+
+def holds(tensor: torch.Tensor, value: int) -> bool:
+    return bool((tensor.cpu() == value).all())
+
+
+def mapped_bytes(sim) -> int:
+    return sim.vmm_stats()["mapped_bytes"]
+
+
+def consistent():
+    engine().check_invariants()
+    stats = torch.cuda.memory_stats()
+    assert stats["reserved_bytes.all.current"] == torch.cuda.memory_reserved()
+
+
+def test_pages_are_mapped_as_blocks_need_them_and_unmapped_by_empty_cache(sim, expandable):
+    reserves = sim.call_count("cuMemAddressReserve")
+    a = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")  # shares a's second page
+    assert torch.cuda.memory_reserved() == 6 * MiB  # PyTorch's segments: 40 MiB (two 20 MiB)
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+    assert sim.call_count("cuMemAddressReserve") == reserves + 1  # one range per pool and stream
+    stats = torchmem.memory_stats("cuda:0")
+    assert stats["vmm.mapped_bytes"] == 6 * MiB and stats["vmm.page_size"] == 2 * MiB
+    # Both snapshots show the range as PyTorch shows an expandable segment: up to its last
+    # used block (the rest of the reserved range is address space, not memory).
+    for snapshot in (torch.cuda.memory_snapshot(), torchmem.snapshot("cuda:0")["segments"]):
+        assert [(s["is_expandable"], s["total_size"]) for s in snapshot] == [(True, 6 * MiB)]
+    consistent()
+
+    maps = sim.call_count("cuMemMap")
+    del b
+    again = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")  # a cache hit: no driver call
+    assert sim.call_count("cuMemMap") == maps
+    del a, again
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved() == 6 * MiB  # unmapped lazily
+    torch.cuda.empty_cache()
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved() == 0
+    assert sim.vmm_stats()["allocated_bytes"] == 0  # every physical page went back
+    consistent()
+
+
+def test_values_survive_across_page_boundaries(expandable):
+    pattern = torch.arange(5 * MiB // 4, dtype=torch.int32)  # 5 MiB: three pages
+    neighbour = filled(MiB, 7)
+    on_device = pattern.to("cuda")
+    copy = on_device.clone()  # device to device, into pages mapped for it
+    assert torch.equal(on_device.cpu(), pattern)
+    assert torch.equal(copy.cpu(), pattern)
+    assert holds(neighbour, 7)
+    del copy
+    torch.cuda.empty_cache()  # unmaps only pages no live tensor touches
+    assert torch.equal(on_device.cpu(), pattern)
+    assert holds(neighbour, 7)
+
+
+@pytest.mark.parametrize("call, error, exception, words", [
+    ("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", torch.OutOfMemoryError, "cuMemCreate"),
+    ("cuMemCreate", "CUDA_ERROR_UNKNOWN", RuntimeError, "cuMemCreate"),
+    ("cuMemMap", "CUDA_ERROR_INVALID_VALUE", RuntimeError, "cuMemMap"),
+    ("cuMemSetAccess", "CUDA_ERROR_UNKNOWN", RuntimeError, "cuMemSetAccess"),
+])
+def test_driver_failures_are_clear_errors_and_leave_the_allocator_consistent(
+        sim, expandable, call, error, exception, words):
+    held = filled(MiB, 1)
+    sim.fail_next(call, 1000, error)
+    with pytest.raises(exception) as raised:
+        torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+    assert words in str(raised.value) and "cuda:0" in str(raised.value)
+    consistent()
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+    sim.clear_faults()
+    after = filled(16 * MiB, 3)  # works again
+    assert holds(after, 3) and holds(held, 1)
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+    consistent()
+
+
+def test_memory_limit_and_the_out_of_memory_ladder(sim, expandable):
+    torch.cuda.set_per_process_memory_fraction(64 * MiB / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        first = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # another stream: its own range, cached pages here
+            cached = torch.empty(20 * MiB, dtype=torch.uint8, device="cuda")
+            del cached
+        retries = torch.cuda.memory_stats()["num_alloc_retries"]
+        # 40 + 20 cached + 20 new > 64 MiB: the ladder unmaps the side stream's cached pages.
+        second = torch.empty(20 * MiB, dtype=torch.uint8, device="cuda")
+        assert torch.cuda.memory_reserved() <= 64 * MiB
+        assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+        with pytest.raises(torch.OutOfMemoryError) as raised:
+            torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+        assert "memory limit" in str(raised.value)
+        assert torch.cuda.memory_stats()["num_alloc_retries"] > retries
+        consistent()
+        del first, second
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_a_mem_pool_with_use_on_oom_lends_the_pages_it_holds(sim, expandable):
+    pool = torch.cuda.MemPool(use_on_oom=True)
+    with torch.cuda.use_mem_pool(pool):
+        cached = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+    address = cached.data_ptr()
+    del cached  # 20 pages cached in the pool's range, never stolen for others
+    creates = sim.call_count("cuMemCreate")
+    torchmem.set_memory_limit(40 * MiB, device="cuda:0")  # reached: no page may be created
+    try:
+        borrowed = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+        assert borrowed.data_ptr() == address
+        assert sim.call_count("cuMemCreate") == creates
+        assert torch.cuda.memory_reserved() == 40 * MiB
+        consistent()
+        del borrowed
+    finally:
+        torchmem.set_memory_limit(0, device="cuda:0")
+    del pool
+
+
+def test_cuda_graph_private_pools_keep_their_pages(sim, expandable):
+    source = torch.arange(MiB, dtype=torch.float32, device="cuda")  # 4 MiB
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = source.clone()
+    address = result.data_ptr()
+    pool = [s for s in torch.cuda.memory_snapshot() if s["segment_pool_id"] == tuple(graph.pool())]
+    assert [s["is_expandable"] for s in pool] == [True]
+    del result  # the graph still replays into its pages
+    torch.cuda.empty_cache()
+    mapped = mapped_bytes(sim)
+    eager = [torch.empty(4 * MiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    assert address not in {t.data_ptr() for t in eager}
+    source.fill_(2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert mapped_bytes(sim) >= mapped  # the pool's pages were neither unmapped nor stolen
+    consistent()
+    del graph, eager
+    torch.cuda.empty_cache()
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+
+
+def test_ipc_of_expandable_memory_is_a_clear_error(expandable):
+    storage = torch.UntypedStorage(1000, device="cuda")
+    with pytest.raises(RuntimeError, match="expandable segment.*cannot share"):
+        storage._share_cuda_()
+
+
+def test_a_forked_child_leaves_the_parents_pages_alone(sim, expandable):
+    held = filled(3 * MiB, 5)
+    mapped = mapped_bytes(sim)
+    pid = os.fork()
+    if pid == 0:  # the child: CPU tensors through torchmem work; CUDA is refused by PyTorch
+        code = 0
+        try:
+            assert int(torch.ones(1000).sum()) == 1000
+            try:
+                torch.empty(10, device="cuda")
+                code = 3
+            except RuntimeError as error:
+                code = 0 if "forked subprocess" in str(error) else 4
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert mapped_bytes(sim) == mapped
+    assert holds(held, 5)
+    consistent()
