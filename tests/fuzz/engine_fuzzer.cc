@@ -1010,7 +1010,7 @@ class Fuzzer {
       }
       case 0:
         policy.max_split_size = in_.U8() % 2 == 0 ? SizePolicy::kNoMaxSplit
-                                                  : (std::size_t{21} + in_.U8() % 64) * kMiB;
+                                                  : (std::size_t{20} + in_.U8() % 64) * kMiB;
         policy.max_non_split_rounding = (in_.U8() % 32) * kMiB;
         break;
       case 1: {

@@ -278,10 +278,10 @@ class Program:
         self.u8(CHECKPOINT), self.u8(slot), self.u8(pool), self.u8(1)
         return self
 
-    def max_split(self, mib, non_split_mib=20):  # mib >= 21; None: no max_split_size
+    def max_split(self, mib, non_split_mib=20):  # mib >= 20; None: no max_split_size
         self.u8(CONFIG), self.u8(0), self.u8(0 if mib is None else 1)
         if mib is not None:
-            self.u8(mib - 21)
+            self.u8(mib - 20)
         self.u8(non_split_mib)
         return self
 

@@ -67,7 +67,9 @@ struct Segment {
   // Creation order among the engine's segments (1, 2, ...): best fit prefers
   // blocks of older segments among blocks of equal size (see FreeLists).
   std::uint64_t registration = 0;
-  ContextId context = kNoContext;  // of the allocation that created it
+  // Of the allocation that created it, until a block is split off it (then
+  // kNoContext: see Engine::SplitBlock).
+  ContextId context = kNoContext;
   bool counted_oversize = false;   // in stats' oversize_segments
   // A virtual-memory range (see vmm_space.h) rather than a segment of
   // PyTorch's kind: `size` bytes of address space reserved once, covered by

@@ -8,7 +8,18 @@ std::atomic<ContextCaptureFn> g_capture_hook{nullptr};
 
 namespace {
 std::atomic<ContextFramesResolver> g_frames_resolver{nullptr};
+std::atomic<ContextBaseResolver> g_base_resolver{nullptr};
 }  // namespace
+
+void SetContextBaseResolver(ContextBaseResolver resolver) {
+  g_base_resolver.store(resolver, std::memory_order_release);
+}
+
+ContextId BaseContext(ContextId id) {
+  if ((id & kDerivedContextBit) == 0) return id;
+  ContextBaseResolver resolver = g_base_resolver.load(std::memory_order_acquire);
+  return resolver == nullptr ? kNoContext : resolver(id);
+}
 
 void SetContextFramesResolver(ContextFramesResolver resolver) {
   g_frames_resolver.store(resolver, std::memory_order_release);

@@ -44,14 +44,41 @@ void SetContextFramesResolver(ContextFramesResolver resolver);
 // False if no resolver is installed or it does not know `id`.
 bool ResolveContextFrames(ContextId id, std::vector<ContextFrame>* out);
 
+// Contexts another layer derives from a captured one: torchmem._C_cuda's
+// contexts that add PyTorch's C++ and TorchScript frames to a Python stack
+// (_record_memory_history(stacks="all")). Their ids have kDerivedContextBit
+// set; BaseContext maps one to the captured context it extends (and any
+// other id to itself), so the capture layer symbolizes and keeps alive the
+// Python stack under it. Ids without the bit never go through the resolver.
+inline constexpr ContextId kDerivedContextBit = ContextId{1} << 63;
+using ContextBaseResolver = ContextId (*)(ContextId derived);
+void SetContextBaseResolver(ContextBaseResolver resolver);
+ContextId BaseContext(ContextId id);
+
 namespace internal {
 extern std::atomic<int> g_capture_requests;
 extern std::atomic<ContextCaptureFn> g_capture_hook;
 }  // namespace internal
 
-// The context of an allocation made now, or kNoContext.
-inline ContextId CaptureContext() {
+// The context of an allocation made now, or kNoContext. `override_hook`,
+// when set, replaces the installed hook (an engine whose owner wants richer
+// contexts, Engine::SetContextCaptureOverride); it runs only while capture
+// is requested, like the hook.
+inline ContextId CaptureContext(const std::atomic<ContextCaptureFn>* override_hook = nullptr) {
   if (internal::g_capture_requests.load(std::memory_order_relaxed) == 0) return kNoContext;
+  if (override_hook != nullptr) {
+    if (ContextCaptureFn own = override_hook->load(std::memory_order_acquire); own != nullptr)
+        [[unlikely]] {
+      return own();
+    }
+  }
+  ContextCaptureFn hook = internal::g_capture_hook.load(std::memory_order_acquire);
+  return hook == nullptr ? kNoContext : hook();
+}
+
+// The installed hook's context now, ignoring overrides (for an override
+// that extends it).
+inline ContextId CaptureBaseContext() {
   ContextCaptureFn hook = internal::g_capture_hook.load(std::memory_order_acquire);
   return hook == nullptr ? kNoContext : hook();
 }

@@ -103,7 +103,7 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
         size, FormatBytes(static_cast<std::int64_t>(kMaxRequestBytes))));
   }
   const Attribution attribution = CurrentAttribution();
-  const ContextId context = CaptureContext();
+  const ContextId context = CaptureContext(&context_capture_override_);
   absl::Status failure;
   {
     MutexLock lock(&mutex_);
@@ -315,6 +315,10 @@ absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
 }
 
 void Engine::SplitBlock(Block* block, std::size_t size) {
+  // A split segment holds the memory of more than the allocation that made
+  // it: from now on it names no allocating context (PyTorch's rule: its
+  // snapshot names a segment's cudaMalloc site only while it is unsplit).
+  block->segment->context = kNoContext;
   RemoveInactiveSplit(block);
   Block* rest = NewBlock();
   rest->address = block->address + size;
@@ -357,6 +361,12 @@ void Engine::AbsorbNeighbour(Block* block, Block* neighbour) {
   RemoveInactiveSplit(block);
   RemoveInactiveSplit(neighbour);
   block->size += neighbour->size;
+  // The merged block remembers the newest allocation made from its memory:
+  // PyTorch's snapshots show a free block's last requested size.
+  if (neighbour->sequence > block->sequence) {
+    block->requested_size = neighbour->requested_size;
+    block->sequence = neighbour->sequence;
+  }
   block->next = neighbour->next;
   if (neighbour->next != nullptr) neighbour->next->prev = block;
   blocks_.erase(neighbour->address);
@@ -407,25 +417,26 @@ void Engine::MarkAllocated(Block* block, std::size_t requested, const Attributio
 
 // The context of a free, for traces that want the freeing code's stack
 // (captured before the lock: the hook must not run under it).
-static ContextId FreeContext(const std::atomic<bool>& wanted) {
-  return ABSL_PREDICT_FALSE(wanted.load(std::memory_order_relaxed)) ? CaptureContext()
+static ContextId FreeContext(const std::atomic<bool>& wanted,
+                             const std::atomic<ContextCaptureFn>& override_hook) {
+  return ABSL_PREDICT_FALSE(wanted.load(std::memory_order_relaxed)) ? CaptureContext(&override_hook)
                                                                     : kNoContext;
 }
 
 absl::Status Engine::Free(void* ptr) {
-  const ContextId context = FreeContext(trace_free_context_);
+  const ContextId context = FreeContext(trace_free_context_, context_capture_override_);
   MutexLock lock(&mutex_);
   return FreeLocked(ptr, nullptr, context);
 }
 
 absl::Status Engine::FreeSized(void* ptr, std::size_t requested_size) {
-  const ContextId context = FreeContext(trace_free_context_);
+  const ContextId context = FreeContext(trace_free_context_, context_capture_override_);
   MutexLock lock(&mutex_);
   return FreeLocked(ptr, &requested_size, context);
 }
 
 absl::StatusOr<bool> Engine::FreeIfOwned(void* ptr) {
-  const ContextId context = FreeContext(trace_free_context_);
+  const ContextId context = FreeContext(trace_free_context_, context_capture_override_);
   MutexLock lock(&mutex_);
   if (!blocks_.contains(reinterpret_cast<std::uintptr_t>(ptr))) return false;
   absl::Status freed = FreeLocked(ptr, nullptr, context);
@@ -622,6 +633,10 @@ void Engine::SetTraceFreeContext(bool capture_at_free) {
   trace_free_context_.store(capture_at_free, std::memory_order_relaxed);
 }
 
+void Engine::SetContextCaptureOverride(ContextCaptureFn hook) {
+  context_capture_override_.store(hook, std::memory_order_release);
+}
+
 void Engine::SetTraceListener(TraceListener listener) {
   MutexLock lock(&mutex_);
   trace_listener_ = std::move(listener);
@@ -791,6 +806,8 @@ BlockInfo Engine::DescribeBlock(const Block& block) {
     info.scope = block.scope;
     info.context = block.context;
     info.sequence = block.sequence;
+  } else {
+    info.last_requested_size = block.requested_size;
   }
   return info;
 }

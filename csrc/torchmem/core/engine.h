@@ -74,6 +74,7 @@
 #include "torchmem/core/attribution.h"
 #include "torchmem/core/backend.h"
 #include "torchmem/core/block.h"
+#include "torchmem/core/context_capture.h"
 #include "torchmem/core/free_lists.h"
 #include "torchmem/core/mutex.h"
 #include "torchmem/core/reports.h"
@@ -297,6 +298,11 @@ class Engine {
   // (captured at the free) instead of the allocation's (PyTorch's
   // context="all").
   void SetTraceFreeContext(bool capture_at_free);
+  // Replaces the installed context capture hook for this engine's
+  // allocations, frees and cache releases (nullptr: back to the hook).
+  // torchmem._C_cuda sets one while PyTorch's history asks for C++ or
+  // TorchScript frames; other engines keep the plain Python stacks.
+  void SetContextCaptureOverride(ContextCaptureFn hook);
   void SetTraceListener(TraceListener listener);
   std::vector<TraceEntry> GetTrace() const;
   // Records a kSnapshot entry (PyTorch's snapshot marker).
@@ -516,6 +522,7 @@ class Engine {
   std::unique_ptr<TraceRing> trace_ ABSL_GUARDED_BY(mutex_);
   std::uint32_t trace_skip_mask_ ABSL_GUARDED_BY(mutex_) = 0;
   std::atomic<bool> trace_free_context_{false};
+  std::atomic<ContextCaptureFn> context_capture_override_{nullptr};
   TraceListener trace_listener_ ABSL_GUARDED_BY(mutex_);
 
   // Private pools by id, open routes (newest last), stream captures marked.

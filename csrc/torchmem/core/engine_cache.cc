@@ -19,7 +19,7 @@ absl::Status Engine::EmptyCache(PoolId pool) {
   // As PyTorch with context="all": the segment_free entries carry the stack
   // of the code that emptied the cache (captured before the lock).
   const ContextId context = trace_free_context_.load(std::memory_order_relaxed)
-                                ? CaptureContext()
+                                ? CaptureContext(&context_capture_override_)
                                 : kNoContext;
   MutexLock lock(&mutex_);
   segment_free_context_ = context;

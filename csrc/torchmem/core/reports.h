@@ -18,6 +18,9 @@ struct BlockInfo {
   std::uintptr_t address = 0;
   std::size_t size = 0;            // rounded
   std::size_t requested_size = 0;  // as asked by the caller
+  // Free blocks: the requested size of the newest allocation made from this
+  // memory (0 if none), which PyTorch's snapshots report for free blocks.
+  std::size_t last_requested_size = 0;
   StreamId stream = 0;
   PoolKind pool = PoolKind::kSmall;
   BlockState state = BlockState::kFree;
@@ -34,7 +37,7 @@ struct SegmentInfo {
   StreamId stream = 0;
   PoolId owner;                    // the private pool holding it; default pool: {0, 0}
   std::uint64_t registration = 0;  // creation order among the engine's segments
-  ContextId context = kNoContext;  // of the allocation that created it
+  ContextId context = kNoContext;  // of the allocation that created it, while unsplit
   std::vector<BlockInfo> blocks;   // in address order, covering the segment
   // A virtual-memory range (expandable segment): `size` is address space,
   // of which `mapped_bytes` hold physical pages. Else mapped_bytes == size.

@@ -40,12 +40,15 @@ absl::Status SizePolicy::Validate() const {
           "size policy: roundup_power2_divisions must be powers of two, got %d", divisions));
     }
   }
-  // PyTorch requires max_split_size_mb above the 20 MiB shared segment size
-  // too: below it, medium requests would take whole shared segments unsplit.
-  if (max_split_size != kNoMaxSplit && max_split_size <= large_segment_size) {
+  // PyTorch's floor for max_split_size_mb (its kLargeBuffer; torch 2.9's
+  // parser wants more, 2.10 and later accept it exactly), whatever the
+  // shared segment size: at 20 MiB a fresh shared segment is oversize, yet
+  // split for the medium request that made it (the request decides), and
+  // once whole again serves only oversize requests, as in PyTorch.
+  if (max_split_size < kMinMaxSplitSize) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "size policy: max_split_size (%d) must be above large_segment_size (%d)",
-        max_split_size, large_segment_size));
+        "size policy: max_split_size must be at least %d (20 MiB, PyTorch's minimum), got %d",
+        kMinMaxSplitSize, max_split_size));
   }
   return absl::OkStatus();
 }

@@ -25,7 +25,8 @@
 //
 // Invariants checked by Validate(): all sizes are positive multiples of
 // min_block_size; small_size < small_segment_size; large_rounding divides
-// large_segment_size; divisions are 0 or powers of two.
+// large_segment_size; divisions are 0 or powers of two; max_split_size is at
+// least 20 MiB (PyTorch's minimum).
 #ifndef TORCHMEM_CORE_SIZE_POLICY_H_
 #define TORCHMEM_CORE_SIZE_POLICY_H_
 
@@ -49,6 +50,8 @@ struct SizePolicy {
   static constexpr int kRoundupIntervals = 16;
   static constexpr int kRoundupFirstIntervalLog2 = 20;
   static constexpr std::size_t kNoMaxSplit = std::numeric_limits<std::size_t>::max();
+  // The smallest max_split_size PyTorch accepts (max_split_size_mb >= 20).
+  static constexpr std::size_t kMinMaxSplitSize = 20 * kMiB;
 
   std::size_t min_block_size = 512;              // rounding unit and smallest block
   std::size_t small_size = 1 * kMiB;             // largest request served by the small pool

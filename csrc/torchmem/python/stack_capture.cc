@@ -624,6 +624,7 @@ ContextId CapturePythonStack() {
 // ResolveContextFrames' resolver: torchmem._C_cuda turns the frames into
 // PyTorch's CapturedTraceback for snapshots (torch/cuda/traceback_unwinder.h).
 static bool CopyContextFrames(ContextId id, std::vector<ContextFrame>* out) {
+  id = BaseContext(id);
   if (id == kNoContext || InterpreterGone()) return false;
   return Table().CopyFrames(id, out);
 }
@@ -655,6 +656,7 @@ absl::Status ReleaseStackCapture() {
 }
 
 std::vector<Frame> Symbolize(ContextId id) {
+  id = BaseContext(id);  // a context with C++ frames: its Python stack
   if (id == kNoContext) return {};
   return Table().Symbolize(id);
 }
@@ -664,7 +666,10 @@ StackCaptureStats GetStackCaptureStats() { return Table().Stats(); }
 std::uint64_t BeginPruneEpoch() { return Table().BeginEpoch(); }
 
 std::size_t Prune(absl::Span<const ContextId> live_ids, std::optional<std::uint64_t> epoch) {
-  return Table().Prune(live_ids, epoch);
+  // A live context with C++ frames keeps its Python stack alive.
+  std::vector<ContextId> base_ids(live_ids.begin(), live_ids.end());
+  for (ContextId& id : base_ids) id = BaseContext(id);
+  return Table().Prune(base_ids, epoch);
 }
 
 }  // namespace torchmem::python

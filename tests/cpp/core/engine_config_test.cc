@@ -37,8 +37,9 @@ TEST(SizePolicyConfigTest, ValidationNamesTheBadKnob) {
   SizePolicy odd = SizePolicy::PyTorchDefault();
   odd.roundup_power2_divisions[0] = 3;
   EXPECT_NE(odd.Validate().message().find("powers of two"), std::string::npos);
-  SizePolicy tiny = WithMaxSplit(20 * kMiB);  // PyTorch requires more than 20 MiB
+  SizePolicy tiny = WithMaxSplit(19 * kMiB);  // PyTorch requires at least 20 MiB
   EXPECT_NE(tiny.Validate().message().find("max_split_size"), std::string::npos);
+  EXPECT_TRUE(WithMaxSplit(20 * kMiB).Validate().ok());  // PyTorch's smallest
 }
 
 class MaxSplitTest : public EngineTest {

@@ -64,6 +64,38 @@ def test_size_knobs_and_garbage_collection_match_pytorchs_allocator():
     assert native["stats"]["oversize_segments.current"] >= 1
 
 
+SMALLEST_MAX_SPLIT_STEPS = """
+MiB = 1 << 20
+def tensor(size):
+    return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+first = [tensor(3 * MiB), tensor(5 * MiB)]  # split off a fresh, already oversize, 20 MiB segment
+del first  # whole again: oversize, so it serves no medium request
+second = tensor(4 * MiB)  # from a new segment
+layout = sorted((s["total_size"], [(b["size"], b["state"]) for b in s["blocks"]])
+                for s in torch.cuda.memory_snapshot())
+stats = torch.cuda.memory_stats()
+print(json.dumps({"layout": layout, "stats": {k: v for k, v in stats.items()
+                                              if k.startswith(("oversize", "segment.all",
+                                                               "max_split"))}}))
+"""
+
+
+# PyTorch's parser wants max_split_size_mb >= 20 from torch 2.10 (> 20 in 2.9).
+SMALLEST_MAX_SPLIT_MB = 21 if TORCH < "2.10" else 20
+
+
+def test_the_smallest_max_split_size_pytorch_accepts_is_honoured_as_pytorch_does():
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": f"max_split_size_mb:{SMALLEST_MAX_SPLIT_MB}"}
+    native = run(SMALLEST_MAX_SPLIT_STEPS, "native", env=conf)
+    ours = run(SMALLEST_MAX_SPLIT_STEPS, "torchmem", env=conf)
+    assert ours == native
+    assert native["stats"]["max_split_size"] == SMALLEST_MAX_SPLIT_MB << 20
+    if SMALLEST_MAX_SPLIT_MB == 20:  # the 20 MiB shared segment is itself oversize
+        assert [blocks for _, blocks in native["layout"]] == [
+            [[4 << 20, "active_allocated"], [16 << 20, "inactive"]], [[20 << 20, "inactive"]]]
+
+
 def test_unimplemented_keys_warn_once_each_and_pinned_keys_are_pytorchs():
     snippet = """
     import warnings

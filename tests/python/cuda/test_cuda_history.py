@@ -2,7 +2,8 @@
 
 ``torch.cuda.memory._record_memory_history`` turns on torchmem's trace and stack
 capture; ``_snapshot`` / ``_dump_snapshot`` give PyTorch's format with torchmem's
-Python stacks, which ``torch.cuda._memory_viz`` renders unchanged.
+Python stacks, plus the TorchScript frames (and with ``stacks="all"`` the C++ frames)
+PyTorch's own recorder gathers, which ``torch.cuda._memory_viz`` renders unchanged.
 """
 
 import pickle
@@ -61,11 +62,56 @@ def test_blocks_and_traces_carry_the_python_stack_of_their_allocation_and_free()
     del kept
 
 
-def test_stacks_all_still_gives_the_python_frames():
-    record("all", context="all", stacks="all")  # torchmem records no C++ frames (README)
-    tensor = torch.empty(1000, device="cuda")  # the stacks-all line
-    frames = block_of(torch.cuda.memory._snapshot(), tensor.data_ptr())["frames"]
+def names(frames: list[dict]) -> list[str]:
+    return [frame["name"] for frame in frames]
+
+
+def test_stacks_all_adds_pytorchs_cpp_frames_to_the_python_ones():
+    record("all", context="all", stacks="all")
+    tensor = torch.rand(1000, device="cuda")  # the stacks-all line
+    address = tensor.data_ptr()
+    snapshot = torch.cuda.memory._snapshot()
+    frames = block_of(snapshot, address)["frames"]
     assert here(frames)[0] == line_marked("# the stacks-all line")
+    assert any("::rand" in name for name in names(frames))  # the C++ op that allocated
+    alloc = next(entry for entry in traces(snapshot) if entry["addr"] == address)
+    assert any("::rand" in name for name in names(alloc["frames"]))
+    del tensor
+
+
+def test_stacks_python_has_no_cpp_frames():
+    record("all", context="all", stacks="python")
+    tensor = torch.rand(1000, device="cuda")
+    frames = block_of(torch.cuda.memory._snapshot(), tensor.data_ptr())["frames"]
+    assert here(frames) and not any("::" in name for name in names(frames))
+    del tensor
+
+
+def test_leak_reports_keep_their_python_stacks_while_cpp_frames_are_recorded():
+    import torchmem
+
+    record("all", context="all", stacks="all")
+    held = []
+    with torchmem.leak_check(raise_on_leak=False, devices=["cuda:0"]) as report:
+        held.append(torch.rand(1000, device="cuda"))  # the leaked line
+    (finding,) = report.reachable
+    assert finding.context != 0
+    assert finding.allocation_site.line == line_marked("# the leaked line")
+    assert "::" not in finding.allocation_site.name  # torchmem's reports show Python frames
+    del held
+
+
+@torch.jit.script
+def scripted_allocation():
+    return torch.rand(311, 411, device="cuda")
+
+
+def test_torchscript_frames_come_first_as_with_pytorchs_recorder():
+    record("state", stacks="python")  # PyTorch records TorchScript frames without C++ ones
+    tensor = scripted_allocation()
+    frames = block_of(torch.cuda.memory._snapshot(), tensor.data_ptr())["frames"]
+    assert frames[0]["name"] == "scripted_allocation"
+    assert here(frames)  # and the Python caller below it
     del tensor
 
 
@@ -77,6 +123,37 @@ def test_context_state_keeps_stacks_for_live_blocks_only():
     entries = traces(snapshot)
     assert entries and all("frames" not in entry for entry in entries)  # as PyTorch's
     del tensor
+
+
+def test_context_state_names_no_allocation_of_freed_memory():
+    torch.cuda.empty_cache()
+    record("all", context="state", stacks="python")
+    freed = torch.empty(1000, device="cuda")  # splits a fresh 2 MiB segment
+    address = freed.data_ptr()
+    del freed
+    segment = next(s for s in torch.cuda.memory._snapshot()["segments"] if s["address"] == address)
+    # A split segment names no allocation (PyTorch's rule), its free block none either.
+    assert segment["frames"] == [] and [b["frames"] for b in segment["blocks"]] == [[]]
+
+
+def test_an_unsplit_segment_names_the_allocation_that_made_it():
+    torch.cuda.empty_cache()
+    record("all", context="state", stacks="python")
+    whole = torch.empty(30 << 20, dtype=torch.uint8, device="cuda")  # the whole-segment line
+    address = whole.data_ptr()
+    del whole
+    segment = next(s for s in torch.cuda.memory._snapshot()["segments"] if s["address"] == address)
+    assert here(segment["frames"])[0] == line_marked("# the whole-segment line")  # as PyTorch's
+
+
+def test_a_free_block_reports_the_last_request_made_from_it():
+    torch.cuda.empty_cache()
+    first = torch.empty(1000, device="cuda")
+    last = torch.empty(3000, dtype=torch.uint8, device="cuda")
+    del first, last  # merge back into one free 2 MiB block
+    blocks = [block for segment in torch.cuda.memory._snapshot()["segments"]
+              for block in segment["blocks"]]
+    assert [(b["state"], b["requested_size"]) for b in blocks] == [("inactive", 3000)]
 
 
 def test_max_entries_keeps_the_newest_and_clear_history_drops_them():

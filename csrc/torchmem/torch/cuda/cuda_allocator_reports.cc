@@ -6,11 +6,11 @@
 // own Python stack capture (cheap: code object + offset per frame, interned)
 // instead of calling PyTorch's recorder at every allocation; contexts are
 // turned into PyTorch's CapturedTraceback only when a snapshot is taken
-// (traceback_contexts.h). `when` is honoured as PyTorch does: STATE keeps
-// stacks for live blocks, ALLOC also for trace entries, ALL records frees
-// with the freeing code's stack. Limitation: stacks="all" asks PyTorch's
-// recorder for C++ frames too; torchmem records Python frames only (the
-// recorder is not called), so snapshots show no C++ frames.
+// (traceback_contexts.h); TorchScript frames, and C++ frames when PyTorch's
+// recorder gathers them (stacks="all"), are added as PyTorch's recorders
+// add them (history_contexts.h). `when` is honoured as PyTorch does: STATE
+// keeps stacks for live blocks, ALLOC also for trace entries, ALL records
+// frees with the freeing code's stack.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -23,6 +23,7 @@
 #include "torchmem/core/context_capture.h"
 #include "torchmem/core/trace_labels.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/history_contexts.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
 
 namespace torchmem::torch_glue {
@@ -128,7 +129,8 @@ cca::SegmentInfo ToTorch(const SegmentInfo& segment, int device, c10::MempoolId_
     const BlockInfo& block = segment.blocks[i];
     cca::BlockInfo info;
     info.size = block.size;
-    info.requested_size = block.requested_size;
+    info.requested_size = block.state == BlockState::kFree ? block.last_requested_size
+                                                           : block.requested_size;
     info.allocated = block.state == BlockState::kAllocated;
     info.active = block.state != BlockState::kFree;
     if (with_contexts && info.active) info.context_when_allocated = contexts.Get(block.context);
@@ -269,8 +271,11 @@ void TorchmemCudaAllocatorImpl::RecordHistory(bool enabled, cca::CreateContextFn
                                               size_t max_entries, cca::RecordContext when,
                                               bool clear,
                                               const std::vector<std::string>& skip_actions) {
-  (void)recorder;  // torchmem captures Python stacks itself (see the file comment)
   TORCH_CHECK(!enabled || max_entries > 0, "max_entries must be positive");
+  // torchmem captures stacks itself (see the file comment); the recorder
+  // only says whether PyTorch's would have gathered C++ frames.
+  const bool want_stacks = enabled && when != cca::RecordContext::NEVER;
+  SetHistoryCppFrames(want_stacks && RecorderGathersCpp(recorder));
   std::uint32_t skip_mask = 0;
   for (const std::string& name : skip_actions) {
     TraceAction action;
@@ -282,7 +287,6 @@ void TorchmemCudaAllocatorImpl::RecordHistory(bool enabled, cca::CreateContextFn
     history_when_ = enabled ? when : cca::RecordContext::NEVER;
     history_max_entries_ = enabled ? max_entries : 0;
     history_skip_mask_ = skip_mask;
-    const bool want_stacks = enabled && when != cca::RecordContext::NEVER;
     if (want_stacks != capture_requested_) {
       want_stacks ? RequestContextCapture() : ReleaseContextCapture();
       capture_requested_ = want_stacks;
@@ -315,6 +319,9 @@ void TorchmemCudaAllocatorImpl::ApplyHistoryTo(int device, Engine& engine, bool 
     engine.SetTraceCapacity(enabled ? max_entries : 0, /*clear=*/false);
     engine.SetTraceSkipActions(skip_mask);
     engine.SetTraceFreeContext(enabled && when == cca::RecordContext::ALL);
+    // PyTorch's TorchScript and C++ frames while its history wants stacks.
+    const bool want_stacks = enabled && when != cca::RecordContext::NEVER;
+    engine.SetContextCaptureOverride(want_stacks ? &CaptureWithTorchFrames : nullptr);
   }
   if (!trackers.empty()) engine.SetTraceListener(TraceListenerFor(device, std::move(trackers)));
 }

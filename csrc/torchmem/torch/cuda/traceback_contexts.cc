@@ -9,6 +9,7 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include "torchmem/core/context_capture.h"
+#include "torchmem/torch/cuda/history_contexts.h"
 #include "torchmem/torch/torch_version.h"
 
 namespace torchmem::torch_glue {
@@ -98,6 +99,22 @@ class TorchmemUnwinder final : public torch::CapturedTraceback::Python {
   }
 };
 
+// PyTorch's gather(python, script, cpp) with `captured` as its Python frames
+// (their references move to the context). Requires the GIL.
+std::shared_ptr<c10::GatheredContext> GatherHandingOver(const std::vector<ContextFrame>& captured,
+                                                        bool script, bool cpp) {
+  std::vector<PyFrame> frames;
+  frames.reserve(captured.size());
+  for (const ContextFrame& frame : captured) frames.push_back(PyFrame{frame.code, frame.offset});
+  t_handover = &frames;
+  std::shared_ptr<c10::GatheredContext> context =
+      torch::CapturedTraceback::gather(/*python=*/true, script, cpp);
+  t_handover = nullptr;
+  // Not handed over (another unwinder answered first): drop our references.
+  for (PyFrame& frame : frames) Py_XDECREF(static_cast<PyObject*>(frame.code));
+  return context;
+}
+
 }  // namespace
 
 void RegisterTracebackUnwinder() {
@@ -107,20 +124,29 @@ void RegisterTracebackUnwinder() {
 }
 
 std::shared_ptr<c10::GatheredContext> ContextFor(ContextId id) {
+  if ((id & kDerivedContextBit) != 0) return DerivedContext(id);
   if (id == kNoContext || !InterpreterAlive()) return nullptr;
   const PyGILState_STATE gil = PyGILState_Ensure();
   std::vector<ContextFrame> captured;
   std::shared_ptr<c10::GatheredContext> context;
   if (ResolveContextFrames(id, &captured) && !captured.empty()) {
-    std::vector<PyFrame> frames;
-    frames.reserve(captured.size());
-    for (const ContextFrame& frame : captured) frames.push_back(PyFrame{frame.code, frame.offset});
-    t_handover = &frames;
-    context = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
-    t_handover = nullptr;
-    // Not handed over (another unwinder answered first): drop our references.
-    for (PyFrame& frame : frames) Py_XDECREF(static_cast<PyObject*>(frame.code));
+    context = GatherHandingOver(captured, /*script=*/false, /*cpp=*/false);
   }
+  PyGILState_Release(gil);
+  return context;
+}
+
+std::shared_ptr<c10::GatheredContext> GatherWithPythonStack(ContextId python_stack, bool cpp) {
+  if (!InterpreterAlive()) {
+    return torch::CapturedTraceback::gather(/*python=*/false, /*script=*/true, cpp);
+  }
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  std::vector<ContextFrame> captured;
+  // An empty handover when there is no Python stack (a thread Python never
+  // ran on): the context then has C++ and TorchScript frames only.
+  if (!ResolveContextFrames(python_stack, &captured)) captured.clear();
+  std::shared_ptr<c10::GatheredContext> context =
+      GatherHandingOver(captured, /*script=*/true, cpp);
   PyGILState_Release(gil);
   return context;
 }

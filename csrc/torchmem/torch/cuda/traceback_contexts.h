@@ -32,8 +32,15 @@ namespace torchmem::torch_glue {
 void RegisterTracebackUnwinder();
 
 // The PyTorch context of a captured stack; nullptr for kNoContext or an id
-// whose stack is gone.
+// whose stack is gone. A derived id (history_contexts.h) gives the context
+// gathered at its allocation, with its C++ and TorchScript frames.
 std::shared_ptr<c10::GatheredContext> ContextFor(ContextId id);
+
+// Gathers PyTorch's context now, as PyTorch's recorders do (TorchScript
+// frames, and C++ frames if `cpp`), with the Python frames of the captured
+// stack `python_stack` (this thread's, captured just before) instead of
+// PyTorch's own Python walk. Never null.
+std::shared_ptr<c10::GatheredContext> GatherWithPythonStack(ContextId python_stack, bool cpp);
 
 // One context per id, for the duration of one snapshot.
 class ContextCache {
