@@ -37,6 +37,20 @@ VmmSpace::Page& VmmSpace::PageTable::operator[](std::uint64_t index) {
   return page;
 }
 
+VmmSpace::Page* VmmSpace::PageTable::Run(std::uint64_t index, std::uint64_t last,
+                                         std::uint64_t* count) {
+  const std::uint64_t id = index >> kChunkShift;
+  Chunk* chunk = ChunkOf(id);
+  if (chunk == nullptr) {
+    chunk = chunks_.emplace(id, std::make_unique<Chunk>()).first->second.get();
+    cached_id_ = id;
+    cached_ = chunk;
+  }
+  const std::uint64_t chunk_last = index | kChunkMask;
+  *count = std::min(last, chunk_last) - index + 1;
+  return &chunk->pages[index & kChunkMask];
+}
+
 void VmmSpace::PageTable::Erase(std::uint64_t index) {
   const std::uint64_t id = index >> kChunkShift;
   Chunk* chunk = ChunkOf(id);
@@ -91,16 +105,21 @@ absl::Status VmmSpace::Acquire(Segment& range, std::uintptr_t start, std::size_t
   // References first, so that no page of this block is stolen for another.
   absl::InlinedVector<std::uint64_t, 8> unbacked;
   absl::InlinedVector<std::uint64_t, 2> inaccessible;  // mapped by a failed acquisition
-  for (std::uint64_t index = first; index <= last; ++index) {
-    Page& page = pages_[index];
-    if (page.references++ > 0) continue;
-    ++touched_pages_;
-    if (page.mapped) {
-      // A stealable_ entry, if any, goes stale (dropped by the next steal
-      // that meets it): no set operation on the hot path.
-      if (ABSL_PREDICT_FALSE(!page.accessible)) inaccessible.push_back(index);
-    } else {
-      unbacked.push_back(index);
+  for (std::uint64_t run_first = first, count = 0; run_first <= last; run_first += count) {
+    Page* run = pages_.Run(run_first, last, &count);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t index = run_first + i;
+      Page* page = &run[i];
+      if (ABSL_PREDICT_FALSE(!page->present)) page = &pages_[index];
+      if (page->references++ > 0) continue;
+      ++touched_pages_;
+      if (ABSL_PREDICT_TRUE(page->mapped)) {
+        // A stealable_ entry, if any, goes stale (dropped by the next steal
+        // that meets it): no set operation on the hot path.
+        if (ABSL_PREDICT_FALSE(!page->accessible)) inaccessible.push_back(index);
+      } else {
+        unbacked.push_back(index);
+      }
     }
   }
   for (std::uint64_t index : inaccessible) {
@@ -251,15 +270,23 @@ void VmmSpace::Release(Segment& range, std::uintptr_t start, std::size_t size) {
 }
 
 void VmmSpace::Unreference(Segment& range, std::uint64_t first, std::uint64_t last) {
-  for (std::uint64_t index = first; index <= last; ++index) {
-    Page& page = *pages_.Find(index);
-    if (--page.references > 0) continue;
-    --touched_pages_;
-    if (!page.mapped) {
-      pages_.Erase(index);
-    } else if (Stealable(range) && !page.listed) {
-      stealable_.insert(index);
-      page.listed = true;
+  const bool stealable = Stealable(range);
+  for (std::uint64_t run_first = first, count = 0; run_first <= last; run_first += count) {
+    // Every page of a live block is present, so the run's chunk exists.
+    Page* run = pages_.Run(run_first, last, &count);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      Page& page = run[i];
+      if (--page.references > 0) continue;
+      --touched_pages_;
+      if (ABSL_PREDICT_FALSE(!page.mapped)) {
+        // A failed acquisition's unbacked page. Erasing frees the chunk only
+        // with its last present page, and the run's later pages (this
+        // block's) are present: `run` is not used after its chunk goes.
+        pages_.Erase(run_first + i);
+      } else if (stealable && !page.listed) {
+        stealable_.insert(run_first + i);
+        page.listed = true;
+      }
     }
   }
 }

@@ -165,6 +165,11 @@ class VmmSpace {
     }
     // The page, inserted (default) if absent.
     Page& operator[](std::uint64_t index);
+    // The pages [index, last] that share index's chunk, as an array (the
+    // chunk created if absent; its absent pages are not inserted: entries
+    // with `present` false); *count gets how many. A block's pages are
+    // walked a chunk at a time, with no lookup per page (the hot path).
+    Page* Run(std::uint64_t index, std::uint64_t last, std::uint64_t* count);
     void Erase(std::uint64_t index);
     void Clear();
     std::int64_t size() const { return size_; }
