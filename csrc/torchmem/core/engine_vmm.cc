@@ -199,7 +199,7 @@ absl::Status Engine::AcquirePages(Block* block) {
   }
   VmmAcquireLimits limits;
   // Unmapping a cached page waits for its stream, which a capture forbids.
-  limits.may_steal = !CaptureUnderwayLocked();
+  limits.may_unmap = !CaptureUnderwayLocked();
   if (memory_limit_ != 0) {
     // Unsigned: a limit may be as large as SIZE_MAX (no practical limit).
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
@@ -304,7 +304,7 @@ Block* Engine::LendFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamI
   // pool lends is memory it holds; new pages are what the device lacks, and
   // a private pool's cached pages are never stolen.
   VmmAcquireLimits held_pages_only;
-  held_pages_only.may_steal = false;
+  held_pages_only.may_unmap = false;
   held_pages_only.creatable_pages = 0;
   for (const auto& [id, pool] : private_pools_) {
     if (!pool->use_on_oom || pool->freeable) continue;

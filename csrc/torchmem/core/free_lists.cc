@@ -43,8 +43,12 @@ void FreeLists::Insert(Block* block) {
   ++count_;
   const std::size_t cls = ClassOf(block->size);
   if (cls >= kClassCount) {
-    oversized_.insert(block);
     block->index = FreeIndex::kOversized;
+    if (block->next == nullptr && block->segment->vmm && range_tail_ == nullptr) {
+      range_tail_ = block;
+    } else {
+      oversized_.insert(block);
+    }
     return;
   }
   // Keep the list in placement order, so that the head is handed out first.
@@ -70,7 +74,11 @@ void FreeLists::Insert(Block* block) {
 void FreeLists::Remove(Block* block) {
   --count_;
   if (block->index == FreeIndex::kOversized) {
-    oversized_.erase(block);
+    if (block == range_tail_) {
+      range_tail_ = nullptr;
+    } else {
+      oversized_.erase(block);
+    }
     block->index = FreeIndex::kNone;
     return;
   }
@@ -118,7 +126,10 @@ Block* FreeLists::PeekBestFit(std::size_t size) const {
   }
   // Every oversized block is larger than every class block.
   auto it = oversized_.lower_bound(SizeProbe{size});
-  return it == oversized_.end() ? nullptr : *it;
+  Block* set_fit = it == oversized_.end() ? nullptr : *it;
+  if (range_tail_ == nullptr || range_tail_->size < size) return set_fit;
+  if (set_fit == nullptr || BySizeThenPlacement()(range_tail_, set_fit)) return range_tail_;
+  return set_fit;
 }
 
 Block* FreeLists::TakeBestFit(std::size_t size) {

@@ -25,8 +25,16 @@
 // most recently freed block instead costs the same but reserves up to 0.6%
 // more than PyTorch on some traces.
 //
-// Invariants: each free block is in exactly one place (its class list or the
-// oversized set); a class's bit is set iff its list is non-empty; a summary
+// The free tail of a virtual-memory range (the rest of the range after its
+// last block: tens of GiB of address space) would go to the oversized set,
+// and is split off and merged back on every allocation at the range's end,
+// the hot path of expandable segments: it is held in a slot of its own
+// instead (a pointer store rather than a tree update), and counted in the
+// oversized order wherever that set is searched.
+//
+// Invariants: each free block is in exactly one place (its class list, the
+// oversized set or the range-tail slot; at most one tail per lists: one
+// range per (stream, pool), another tail goes to the set); a class's bit is set iff its list is non-empty; a summary
 // bit is set iff its bitmap word is non-zero. Not thread-safe: the engine's
 // lock guards it.
 #ifndef TORCHMEM_CORE_FREE_LISTS_H_
@@ -78,6 +86,7 @@ class FreeLists {
       }
     }
     for (Block* block : oversized_) fn(block);
+    if (range_tail_ != nullptr) fn(range_tail_);
   }
 
   // Visits the free blocks of at least `size` bytes (`size` a multiple of
@@ -92,6 +101,7 @@ class FreeLists {
       }
     }
     for (auto it = oversized_.lower_bound(SizeProbe{size}); it != oversized_.end(); ++it) fn(*it);
+    if (range_tail_ != nullptr && range_tail_->size >= size) fn(range_tail_);
   }
 
  private:
@@ -142,6 +152,8 @@ class FreeLists {
   std::array<std::uint64_t, kWords> bits_{};
   std::array<std::uint64_t, kSummaryWords> summary_{};
   absl::btree_set<Block*, BySizeThenPlacement> oversized_;
+  // A virtual-memory range's free tail (oversized, indexed kOversized).
+  Block* range_tail_ = nullptr;
 };
 
 }  // namespace torchmem

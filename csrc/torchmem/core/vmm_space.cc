@@ -37,6 +37,20 @@ VmmSpace::Page& VmmSpace::PageTable::operator[](std::uint64_t index) {
   return page;
 }
 
+VmmSpace::Page* VmmSpace::PageTable::Run(std::uint64_t index, std::uint64_t last,
+                                         std::uint64_t* count) {
+  const std::uint64_t id = index >> kChunkShift;
+  Chunk* chunk = ChunkOf(id);
+  if (chunk == nullptr) {
+    chunk = chunks_.emplace(id, std::make_unique<Chunk>()).first->second.get();
+    cached_id_ = id;
+    cached_ = chunk;
+  }
+  const std::uint64_t chunk_last = index | kChunkMask;
+  *count = std::min(last, chunk_last) - index + 1;
+  return &chunk->pages[index & kChunkMask];
+}
+
 void VmmSpace::PageTable::Erase(std::uint64_t index) {
   const std::uint64_t id = index >> kChunkShift;
   Chunk* chunk = ChunkOf(id);
@@ -91,16 +105,21 @@ absl::Status VmmSpace::Acquire(Segment& range, std::uintptr_t start, std::size_t
   // References first, so that no page of this block is stolen for another.
   absl::InlinedVector<std::uint64_t, 8> unbacked;
   absl::InlinedVector<std::uint64_t, 2> inaccessible;  // mapped by a failed acquisition
-  for (std::uint64_t index = first; index <= last; ++index) {
-    Page& page = pages_[index];
-    if (page.references++ > 0) continue;
-    ++touched_pages_;
-    if (page.mapped) {
-      // A stealable_ entry, if any, goes stale (dropped by the next steal
-      // that meets it): no set operation on the hot path.
-      if (ABSL_PREDICT_FALSE(!page.accessible)) inaccessible.push_back(index);
-    } else {
-      unbacked.push_back(index);
+  for (std::uint64_t run_first = first, count = 0; run_first <= last; run_first += count) {
+    Page* run = pages_.Run(run_first, last, &count);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t index = run_first + i;
+      Page* page = &run[i];
+      if (ABSL_PREDICT_FALSE(!page->present)) page = &pages_[index];
+      if (page->references++ > 0) continue;
+      ++touched_pages_;
+      if (ABSL_PREDICT_TRUE(page->mapped)) {
+        // A stealable_ entry, if any, goes stale (dropped by the next steal
+        // that meets it): no set operation on the hot path.
+        if (ABSL_PREDICT_FALSE(!page->accessible)) inaccessible.push_back(index);
+      } else {
+        unbacked.push_back(index);
+      }
     }
   }
   for (std::uint64_t index : inaccessible) {
@@ -109,14 +128,33 @@ absl::Status VmmSpace::Acquire(Segment& range, std::uintptr_t start, std::size_t
       return access;
     }
   }
+  if (ABSL_PREDICT_FALSE(limits.creatable_pages >= 0) && !unbacked.empty()) {
+    // At a memory limit, a block that cannot get all its pages fails before
+    // any is mapped, so a failing allocation never raises reserved memory
+    // (nor its peak) to the limit. The cached pages (mapped, untouched: the
+    // touched ones are all touched pages but this block's unbacked ones)
+    // bound what steals can give; those of private pools cannot be stolen,
+    // and then MapRun finds out and the pages mapped so far are undone.
+    const auto needed = static_cast<std::int64_t>(unbacked.size());
+    const std::int64_t cached = mapped_pages_ - (touched_pages_ - needed);
+    const std::int64_t stealable = limits.may_unmap ? cached : 0;
+    if (needed > limits.creatable_pages + stealable) {
+      Unreference(range, first, last);
+      return LimitError(absl::OkStatus());
+    }
+  }
   std::int64_t created = 0;
+  absl::InlinedVector<std::uint64_t, 8> mapped_here;
   for (std::size_t begin = 0; begin < unbacked.size();) {
     std::size_t end = begin + 1;
     while (end < unbacked.size() && unbacked[end] == unbacked[end - 1] + 1) ++end;
-    absl::Status mapped =
-        MapRun(range, unbacked[begin], static_cast<std::int64_t>(end - begin), limits, &created);
+    absl::Status mapped = MapRun(range, unbacked[begin], static_cast<std::int64_t>(end - begin),
+                                 limits, &created, mapped_here);
     if (!mapped.ok()) {
+      // No other live block touches a page this call mapped (it had no
+      // physical memory), so once unreferenced they are all untouched.
       Unreference(range, first, last);
+      if (limits.may_unmap) UnmapAndFree(mapped_here);
       return mapped;
     }
     begin = end;
@@ -124,10 +162,19 @@ absl::Status VmmSpace::Acquire(Segment& range, std::uintptr_t start, std::size_t
   return absl::OkStatus();
 }
 
+void VmmSpace::UnmapAndFree(absl::Span<const std::uint64_t> mapped) {
+  for (std::uint64_t index : mapped) {
+    absl::StatusOr<PhysicalPage> handle = UnmapPage(index);
+    if (handle.ok()) FreeHandle(*handle);  // else it stays mapped, cached
+  }
+}
+
 absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t count,
-                              const VmmAcquireLimits& limits, std::int64_t* created) {
-  // A failure leaves the pages mapped so far mapped but not accessible: they
-  // become cached like any, and get their access when a block needs them.
+                              const VmmAcquireLimits& limits, std::int64_t* created,
+                              absl::InlinedVector<std::uint64_t, 8>& mapped) {
+  // A failure leaves the pages mapped so far mapped but not accessible
+  // (Acquire undoes them; if it may not, they become cached like any, and
+  // get their access when a block needs them).
   for (std::int64_t i = 0; i < count; ++i) {
     const std::uint64_t index = first + static_cast<std::uint64_t>(i);
     absl::StatusOr<PhysicalPage> handle = ObtainHandle(limits, created);
@@ -143,6 +190,7 @@ absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t 
     ++mapped_pages_;
     ++range.mapped_pages;
     listener_(range, 1);
+    mapped.push_back(index);
   }
   return GiveAccess(first, count);
 }
@@ -161,7 +209,7 @@ absl::Status VmmSpace::GiveAccess(std::uint64_t first, std::int64_t count) {
 absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limits,
                                                     std::int64_t* created) {
   absl::Status steal_error;
-  if (std::optional<std::uint64_t> victim = limits.may_steal ? HighestStealable() : std::nullopt) {
+  if (std::optional<std::uint64_t> victim = limits.may_unmap ? HighestStealable() : std::nullopt) {
     absl::StatusOr<PhysicalPage> stolen = UnmapPage(*victim);
     if (stolen.ok()) {
       ++counters_.steals;
@@ -170,15 +218,19 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
     steal_error = stolen.status();  // the victim stays cached; try a new page
   }
   if (limits.creatable_pages >= 0 && *created >= limits.creatable_pages) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "a new %d-byte page would take reserved memory over the memory limit%s", page_size_,
-        steal_error.ok() ? "" : absl::StrCat(" (and unmapping a cached page failed: ",
-                                             steal_error.message(), ")")));
+    return LimitError(steal_error);
   }
   ++counters_.creates;
   absl::StatusOr<PhysicalPage> handle = backend_.CreatePhysicalPage();
   if (handle.ok()) ++*created;
   return handle;
+}
+
+absl::Status VmmSpace::LimitError(const absl::Status& steal_error) const {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "a new %d-byte page would take reserved memory over the memory limit%s", page_size_,
+      steal_error.ok() ? "" : absl::StrCat(" (and unmapping a cached page failed: ",
+                                           steal_error.message(), ")")));
 }
 
 std::optional<std::uint64_t> VmmSpace::HighestStealable() {
@@ -218,15 +270,23 @@ void VmmSpace::Release(Segment& range, std::uintptr_t start, std::size_t size) {
 }
 
 void VmmSpace::Unreference(Segment& range, std::uint64_t first, std::uint64_t last) {
-  for (std::uint64_t index = first; index <= last; ++index) {
-    Page& page = *pages_.Find(index);
-    if (--page.references > 0) continue;
-    --touched_pages_;
-    if (!page.mapped) {
-      pages_.Erase(index);
-    } else if (Stealable(range) && !page.listed) {
-      stealable_.insert(index);
-      page.listed = true;
+  const bool stealable = Stealable(range);
+  for (std::uint64_t run_first = first, count = 0; run_first <= last; run_first += count) {
+    // Every page of a live block is present, so the run's chunk exists.
+    Page* run = pages_.Run(run_first, last, &count);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      Page& page = run[i];
+      if (--page.references > 0) continue;
+      --touched_pages_;
+      if (ABSL_PREDICT_FALSE(!page.mapped)) {
+        // A failed acquisition's unbacked page. Erasing frees the chunk only
+        // with its last present page, and the run's later pages (this
+        // block's) are present: `run` is not used after its chunk goes.
+        pages_.Erase(run_first + i);
+      } else if (stealable && !page.listed) {
+        stealable_.insert(run_first + i);
+        page.listed = true;
+      }
     }
   }
 }

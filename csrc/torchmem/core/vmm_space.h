@@ -45,6 +45,8 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
 #include "absl/status/status.h"
 #include "torchmem/core/backend.h"
 #include "torchmem/core/block.h"
@@ -66,9 +68,10 @@ struct VmmCounters {
 
 // What an acquisition may do to find physical pages.
 struct VmmAcquireLimits {
-  // Whether cached pages of other places may be unmapped for this one (not
-  // while a CUDA graph is captured: unmapping waits for a stream).
-  bool may_steal = true;
+  // Whether pages may be unmapped: cached pages of other places stolen for
+  // this one, and the pages a failed acquisition mapped (not while a CUDA
+  // graph is captured: unmapping waits for a stream).
+  bool may_unmap = true;
   // How many pages may still be created (a memory limit); -1: no limit.
   std::int64_t creatable_pages = -1;
 };
@@ -97,8 +100,13 @@ class VmmSpace {
 
   // A block [start, start + size) of `range` goes live: its pages gain a
   // reference and those without physical memory are mapped. On error
-  // (ResourceExhausted when no page can be had, or the backend's error)
-  // nothing is referenced; pages mapped before the failure stay, cached.
+  // (ResourceExhausted when no page can be had, e.g. at a memory limit, or
+  // the backend's error) nothing is referenced, and the pages this call
+  // mapped are unmapped and their handles freed, as PyTorch undoes a failed
+  // expandable-segment map: a failed allocation holds no new memory (a
+  // handle stolen from a cached page is freed too: its old place is unmapped
+  // already). Only if undoing fails, or unmapping is not allowed (a capture),
+  // do they stay mapped, cached.
   absl::Status Acquire(Segment& range, std::uintptr_t start, std::size_t size,
                        const VmmAcquireLimits& limits);
   // The block [start, start + size) of `range` is no longer live: pages it
@@ -157,6 +165,11 @@ class VmmSpace {
     }
     // The page, inserted (default) if absent.
     Page& operator[](std::uint64_t index);
+    // The pages [index, last] that share index's chunk, as an array (the
+    // chunk created if absent; its absent pages are not inserted: entries
+    // with `present` false); *count gets how many. A block's pages are
+    // walked a chunk at a time, with no lookup per page (the hot path).
+    Page* Run(std::uint64_t index, std::uint64_t last, std::uint64_t* count);
     void Erase(std::uint64_t index);
     void Clear();
     std::int64_t size() const { return size_; }
@@ -194,6 +207,9 @@ class VmmSpace {
     mutable Chunk* cached_ = nullptr;
   };
 
+  // ResourceExhausted: a new page would pass the memory limit (and why no
+  // cached page could be stolen instead, if a steal failed).
+  absl::Status LimitError(const absl::Status& steal_error) const;
   // The highest-addressed cached page that may be stolen, dropping stale
   // entries on the way; nullopt if none.
   std::optional<std::uint64_t> HighestStealable();
@@ -204,8 +220,13 @@ class VmmSpace {
                                             std::int64_t* created);
   // Maps the pages [first, first + count) (all in `range`, none mapped) and
   // gives them access.
+  // Each page mapped is appended to `mapped`, also when a later one fails.
   absl::Status MapRun(Segment& range, std::uint64_t first, std::int64_t count,
-                      const VmmAcquireLimits& limits, std::int64_t* created);
+                      const VmmAcquireLimits& limits, std::int64_t* created,
+                      absl::InlinedVector<std::uint64_t, 8>& mapped);
+  // Unmaps the untouched pages `mapped` and frees their handles (a failed
+  // acquisition's undo); a page whose unmap fails stays mapped, cached.
+  void UnmapAndFree(absl::Span<const std::uint64_t> mapped);
   // SetAccess over mapped pages [first, first + count).
   absl::Status GiveAccess(std::uint64_t first, std::int64_t count);
   // Unmaps a mapped, untouched page and returns its handle (the page leaves

@@ -12,7 +12,9 @@
 //   - statistics equal a shadow model of the live blocks, reserved memory
 //     equals what the backend itself holds, and CheckInvariants() passes;
 // and once the fault stops, the same requests succeed and every byte goes
-// back to the backend.
+// back to the backend. The decorator itself is tested on all its calls, the
+// virtual-memory ones (ReserveAddressRange ... UnmapPages) included; engines
+// failing those calls are tested in engine_vmm_test.cc.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -101,16 +103,79 @@ class FaultInjectingBackendTest : public ::testing::Test {
         inner_->ReleaseEvent(event);
         return failed;
       }
+      // Virtual memory: each call goes through the decorator alone; what it
+      // needs (a range, a page, a mapping) comes from the wrapped backend,
+      // and everything goes back to it whether the call failed or not.
+      case BackendCall::kVirtualMemoryPageSize:
+        return !backend_->VirtualMemoryPageSize().ok();
+      case BackendCall::kReserveAddressRange: {
+        absl::StatusOr<std::uintptr_t> range = backend_->ReserveAddressRange(kRange);
+        if (range.ok()) {
+          EXPECT_TRUE(inner_->ReleaseAddressRange(*range, kRange).ok());
+        }
+        return !range.ok();
+      }
+      case BackendCall::kReleaseAddressRange: {
+        const std::uintptr_t range = *inner_->ReserveAddressRange(kRange);
+        const absl::Status released = backend_->ReleaseAddressRange(range, kRange);
+        if (!released.ok()) {
+          EXPECT_TRUE(inner_->ReleaseAddressRange(range, kRange).ok());
+        }
+        return !released.ok();
+      }
+      case BackendCall::kCreatePhysicalPage: {
+        absl::StatusOr<PhysicalPage> page = backend_->CreatePhysicalPage();
+        if (page.ok()) {
+          EXPECT_TRUE(inner_->ReleasePhysicalPage(*page).ok());
+        }
+        return !page.ok();
+      }
+      case BackendCall::kReleasePhysicalPage: {
+        const PhysicalPage page = *inner_->CreatePhysicalPage();
+        const absl::Status released = backend_->ReleasePhysicalPage(page);
+        if (!released.ok()) {
+          EXPECT_TRUE(inner_->ReleasePhysicalPage(page).ok());
+        }
+        return !released.ok();
+      }
+      case BackendCall::kMapPage:
+      case BackendCall::kSetAccess:
+      case BackendCall::kUnmapPages: {
+        const std::uintptr_t range = *inner_->ReserveAddressRange(kRange);
+        const PhysicalPage page = *inner_->CreatePhysicalPage();
+        absl::Status status;
+        if (call == BackendCall::kMapPage) {
+          status = backend_->MapPage(range, page);
+        } else {
+          EXPECT_TRUE(inner_->MapPage(range, page).ok());
+          status = call == BackendCall::kSetAccess
+                       ? backend_->SetAccess(range, kRange)
+                       : backend_->UnmapPages(range, kRange, /*stream=*/3);
+        }
+        // Mapped unless the map failed or the unmap succeeded.
+        const bool mapped = call == BackendCall::kMapPage     ? status.ok()
+                            : call == BackendCall::kUnmapPages ? !status.ok()
+                                                               : true;
+        if (mapped) {
+          EXPECT_TRUE(inner_->UnmapPages(range, kRange, /*stream=*/3).ok());
+        }
+        EXPECT_TRUE(inner_->ReleasePhysicalPage(page).ok());
+        EXPECT_TRUE(inner_->ReleaseAddressRange(range, kRange).ok());
+        return !status.ok();
+      }
     }
     return false;
   }
+
+  // One page: the smallest range the ControlledBackend reserves.
+  static constexpr std::size_t kRange = 2 * kMiB;
 
   ControlledBackend* inner_;
   std::unique_ptr<FaultInjectingBackend> backend_;
 };
 
 TEST_F(FaultInjectingBackendTest, ForwardsEveryCallWhenNothingIsArmed) {
-  for (BackendCall call : kSegmentBackendCalls) {
+  for (BackendCall call : kAllBackendCalls) {
     EXPECT_FALSE(Fails(call)) << BackendCallName(call);
     EXPECT_EQ(backend_->calls(call), 1) << BackendCallName(call);
     EXPECT_EQ(backend_->failures(call), 0) << BackendCallName(call);
@@ -119,10 +184,12 @@ TEST_F(FaultInjectingBackendTest, ForwardsEveryCallWhenNothingIsArmed) {
   EXPECT_EQ(backend_->release_event_calls(), 1);
   EXPECT_EQ(inner_->live_segments(), 0);
   EXPECT_EQ(inner_->live_events(), 0);
+  EXPECT_EQ(inner_->live_pages(), 0);
+  EXPECT_EQ(inner_->mapped_pages(), 0);
 }
 
 TEST_F(FaultInjectingBackendTest, AnyCallFailsOnceWithAnyCode) {
-  for (BackendCall call : kSegmentBackendCalls) {
+  for (BackendCall call : kAllBackendCalls) {
     for (absl::StatusCode code : {absl::StatusCode::kInternal, absl::StatusCode::kResourceExhausted,
                                   absl::StatusCode::kUnavailable, absl::StatusCode::kAborted}) {
       backend_->FailOnce(call, code);
@@ -134,7 +201,7 @@ TEST_F(FaultInjectingBackendTest, AnyCallFailsOnceWithAnyCode) {
     EXPECT_EQ(backend_->failures(call), 4) << BackendCallName(call);
     EXPECT_EQ(backend_->calls(call), 8) << BackendCallName(call);
   }
-  EXPECT_EQ(backend_->total_failures(), 4 * static_cast<std::int64_t>(kSegmentBackendCalls.size()));
+  EXPECT_EQ(backend_->total_failures(), 4 * kNumBackendCalls);
 }
 
 TEST_F(FaultInjectingBackendTest, InjectedErrorCarriesTheCodeAndNamesTheCallAndTheDevice) {

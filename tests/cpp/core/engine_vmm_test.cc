@@ -161,6 +161,74 @@ TEST_F(EngineVmmTest, AMemoryLimitCountsMappedPagesAndFailsCleanly) {
   Release(again);
 }
 
+TEST_F(EngineVmmTest, AnAllocationOverTheLimitMapsNothing) {
+  engine_->SetMemoryLimit(4 * kPage);
+  void* one_page = Touch(kPage);
+  const std::int64_t creates = Calls(BackendCall::kCreatePhysicalPage);
+  const std::int64_t maps = Calls(BackendCall::kMapPage);
+  absl::StatusOr<void*> over = engine_->Allocate(6 * kPage);
+  ASSERT_FALSE(over.ok());
+  EXPECT_TRUE(absl::StrContains(over.status().message(), "memory limit")) << over.status();
+  EXPECT_POOL_INTACT(*engine_);
+  // Not one page was created for it, and reserved memory never rose.
+  EXPECT_EQ(Calls(BackendCall::kCreatePhysicalPage), creates);
+  EXPECT_EQ(Calls(BackendCall::kMapPage), maps);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(kPage));
+  EXPECT_EQ(Stats().reserved_bytes.all().peak, static_cast<std::int64_t>(kPage));
+  EXPECT_EQ(backend_->mapped_pages(), 1);
+  Release(one_page);
+}
+
+TEST_F(EngineVmmTest, PagesMappedBeforeTheLimitIsFoundAreUndone) {
+  // Cached pages of a private pool count as cached but cannot be stolen, so
+  // only mapping finds out that the limit is reached, pages later.
+  const PoolId graph{1, 1};
+  constexpr StreamId kCapturing = 5;
+  ASSERT_TRUE(engine_->BeginAllocateToPool(graph, [](StreamId s) { return s == kCapturing; }).ok());
+  Release(Touch(3 * kPage, kCapturing));
+  ASSERT_TRUE(engine_->EndAllocateToPool(graph).ok());
+  engine_->SetMemoryLimit(6 * kPage);
+  const std::int64_t releases = Calls(BackendCall::kReleasePhysicalPage);
+  absl::StatusOr<void*> over = engine_->Allocate(5 * kPage);
+  ASSERT_FALSE(over.ok());
+  EXPECT_TRUE(absl::StrContains(over.status().message(), "memory limit")) << over.status();
+  EXPECT_POOL_INTACT(*engine_);
+  // The three pages it mapped up to the limit went back to the device (the
+  // ladder ran in between and freed none: the graph's pages stay).
+  EXPECT_EQ(Calls(BackendCall::kReleasePhysicalPage) - releases, 6);  // two attempts
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(3 * kPage));
+  EXPECT_EQ(backend_->mapped_pages(), 3);
+  EXPECT_EQ(backend_->live_pages(), 3);
+  ASSERT_TRUE(engine_->ReleasePool(graph).ok());
+  ASSERT_TRUE(engine_->EmptyCache().ok());
+  EXPECT_EQ(backend_->live_pages(), 0);
+}
+
+TEST_F(EngineVmmTest, AFailingDriverCallUndoesThePagesMappedBeforeIt) {
+  for (BackendCall call : {BackendCall::kMapPage, BackendCall::kSetAccess}) {
+    faults_->FailAfter(call, call == BackendCall::kMapPage ? 2 : 0);
+    absl::StatusOr<void*> failed = engine_->Allocate(4 * kPage);
+    ASSERT_FALSE(failed.ok()) << BackendCallName(call);
+    EXPECT_TRUE(absl::StrContains(failed.status().message(), BackendCallName(call)))
+        << failed.status();
+    EXPECT_POOL_INTACT(*engine_);
+    EXPECT_EQ(Stats().reserved_bytes.all().current, 0) << BackendCallName(call);
+    EXPECT_EQ(backend_->mapped_pages(), 0) << BackendCallName(call);
+    EXPECT_EQ(backend_->live_pages(), 0) << BackendCallName(call);
+  }
+  // If the undo cannot unmap, the pages stay mapped, cached, and get their
+  // access when a block needs them.
+  faults_->FailOnce(BackendCall::kSetAccess);
+  faults_->FailAlways(BackendCall::kUnmapPages);
+  ASSERT_FALSE(engine_->Allocate(4 * kPage).ok());
+  EXPECT_POOL_INTACT(*engine_);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(4 * kPage));
+  faults_->ClearAll();
+  Release(Touch(4 * kPage));
+  ASSERT_TRUE(engine_->EmptyCache().ok());
+  EXPECT_EQ(backend_->live_pages(), 0);
+}
+
 TEST_F(EngineVmmTest, GarbageCollectionGivesBackCachedPagesPastTheThreshold) {
   engine_->SetMemoryLimit(10 * kPage);
   engine_->SetGarbageCollectionThreshold(0.5);  // collect past 5 pages

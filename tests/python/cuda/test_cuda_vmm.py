@@ -131,12 +131,14 @@ def test_values_survive_across_page_boundaries(expandable):
 def test_driver_failures_are_clear_errors_and_leave_the_allocator_consistent(
         sim, expandable, call, error, exception, words):
     held = filled(MiB, 1)
+    reserved = torch.cuda.memory_reserved()
     sim.fail_next(call, 1000, error)
     with pytest.raises(exception) as raised:
         torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
     assert words in str(raised.value) and "cuda:0" in str(raised.value)
     consistent()
-    assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+    # The pages mapped before the failure were unmapped and freed again.
+    assert mapped_bytes(sim) == torch.cuda.memory_reserved() == reserved
     sim.clear_faults()
     after = filled(16 * MiB, 3)  # works again
     assert holds(after, 3) and holds(held, 1)
@@ -157,10 +159,14 @@ def test_memory_limit_and_the_out_of_memory_ladder(sim, expandable):
         second = torch.empty(20 * MiB, dtype=torch.uint8, device="cuda")
         assert torch.cuda.memory_reserved() <= 64 * MiB
         assert mapped_bytes(sim) == torch.cuda.memory_reserved()
+        reserved = {k: torch.cuda.memory_stats()[f"reserved_bytes.all.{k}"] for k in ("current", "peak")}
         with pytest.raises(torch.OutOfMemoryError) as raised:
             torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
         assert "memory limit" in str(raised.value)
         assert torch.cuda.memory_stats()["num_alloc_retries"] > retries
+        # The failed allocation mapped no page up to the limit: not even for a moment.
+        assert {k: torch.cuda.memory_stats()[f"reserved_bytes.all.{k}"]
+                for k in ("current", "peak")} == reserved
         consistent()
         del first, second
     finally:
