@@ -243,3 +243,21 @@ def test_a_forked_child_leaves_the_parents_pages_alone(sim, expandable):
     assert mapped_bytes(sim) == mapped
     assert holds(held, 5)
     consistent()
+
+
+def test_each_device_maps_its_own_pages(sim, expandable):
+    on_first = filled(3 * MiB, 1)  # two 2 MiB pages on cuda:0
+    with torch.cuda.device(1):
+        on_second = filled(5 * MiB, 2)  # three pages on cuda:1
+    assert on_second.device == torch.device("cuda:1")
+    assert (torch.cuda.memory_reserved(0), torch.cuda.memory_reserved(1)) == (4 * MiB, 6 * MiB)
+    assert mapped_bytes(sim) == 10 * MiB
+    expandable_devices = {s["device"] for s in torch.cuda.memory_snapshot() if s["is_expandable"]}
+    assert expandable_devices == {0, 1}
+    assert holds(on_first, 1) and holds(on_second, 2)
+    _C.cuda_engine(1).check_invariants()
+    consistent()
+    del on_first, on_second
+    torch.cuda.empty_cache()  # every device's cache, as PyTorch's
+    assert mapped_bytes(sim) == 0
+    assert torch.cuda.memory_reserved(0) == torch.cuda.memory_reserved(1) == 0
