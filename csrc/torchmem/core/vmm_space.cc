@@ -19,19 +19,23 @@ VmmSpace::VmmSpace(Backend& backend, std::size_t page_size, MappedListener liste
       page_shift_(std::countr_zero(page_size)),
       listener_(std::move(listener)) {}
 
-VmmSpace::Page& VmmSpace::PageTable::operator[](std::uint64_t index) {
-  const std::uint64_t id = index >> kChunkShift;
+VmmSpace::PageTable::Chunk& VmmSpace::PageTable::ChunkFor(std::uint64_t id) {
   Chunk* chunk = ChunkOf(id);
   if (chunk == nullptr) {
     chunk = chunks_.emplace(id, std::make_unique<Chunk>()).first->second.get();
     cached_id_ = id;
     cached_ = chunk;
   }
-  Page& page = chunk->pages[index & kChunkMask];
+  return *chunk;
+}
+
+VmmSpace::Page& VmmSpace::PageTable::operator[](std::uint64_t index) {
+  Chunk& chunk = ChunkFor(index >> kChunkShift);
+  Page& page = chunk.pages[index & kChunkMask];
   if (!page.present) {
     page = Page{};
     page.present = true;
-    ++chunk->held;
+    ++chunk.held;
     ++size_;
   }
   return page;
@@ -39,16 +43,10 @@ VmmSpace::Page& VmmSpace::PageTable::operator[](std::uint64_t index) {
 
 VmmSpace::Page* VmmSpace::PageTable::Run(std::uint64_t index, std::uint64_t last,
                                          std::uint64_t* count) {
-  const std::uint64_t id = index >> kChunkShift;
-  Chunk* chunk = ChunkOf(id);
-  if (chunk == nullptr) {
-    chunk = chunks_.emplace(id, std::make_unique<Chunk>()).first->second.get();
-    cached_id_ = id;
-    cached_ = chunk;
-  }
+  Chunk& chunk = ChunkFor(index >> kChunkShift);
   const std::uint64_t chunk_last = index | kChunkMask;
   *count = std::min(last, chunk_last) - index + 1;
-  return &chunk->pages[index & kChunkMask];
+  return &chunk.pages[index & kChunkMask];
 }
 
 void VmmSpace::PageTable::Erase(std::uint64_t index) {

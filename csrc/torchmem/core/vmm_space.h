@@ -199,6 +199,8 @@ class VmmSpace {
       cached_ = it->second.get();
       return cached_;
     }
+    // The chunk `id`, created (empty) if absent, and remembered as the last used.
+    Chunk& ChunkFor(std::uint64_t id);
 
     absl::flat_hash_map<std::uint64_t, std::unique_ptr<Chunk>> chunks_;
     std::int64_t size_ = 0;
