@@ -1,11 +1,15 @@
 // CUDA IPC on the simulated device: memory and events shared with a forked
 // process (which stands for the receiving process of torch.multiprocessing).
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "tests/test_util.h"
 
@@ -59,6 +63,23 @@ TEST_F(IpcTest, AnotherProcessSeesAndWritesTheSharedMemory) {
               return cudaIpcOpenMemHandle(&opened, handle, 0) == cudaErrorInvalidValue ? 0 : 1;
             }),
             0);
+}
+
+TEST_F(IpcTest, ObjectsAnEarlierProcessWithThisPidLeftBehindDoNotStopSharing) {
+  // A process that ends without freeing what it shared leaves its shared
+  // memory object, named after its pid; a later process can get that pid.
+  std::vector<std::string> left_behind;
+  for (int n = 0; n < 256; ++n) {
+    left_behind.push_back("/simcuda-" + std::to_string(getpid()) + "-" + std::to_string(n));
+    const int fd = shm_open(left_behind.back().c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd >= 0) close(fd);
+  }
+  void* ptr = nullptr;
+  ASSERT_EQ(cudaMalloc(&ptr, 4096), cudaSuccess);
+  cudaIpcMemHandle_t handle;
+  EXPECT_EQ(cudaIpcGetMemHandle(&handle, ptr), cudaSuccess);
+  ASSERT_EQ(cudaFree(ptr), cudaSuccess);
+  for (const std::string& name : left_behind) shm_unlink(name.c_str());
 }
 
 TEST_F(IpcTest, AProcessCannotOpenItsOwnHandle) {

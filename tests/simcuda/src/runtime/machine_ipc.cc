@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -62,9 +63,17 @@ cudaError_t Machine::ShareMemory(void* ptr, cudaIpcMemHandle_t* handle) {
   Allocation& a = it->second;
   if (a.shared_name.empty()) {
     char name[sizeof(MemHandle::name)];
-    std::snprintf(name, sizeof(name), "/simcuda-%d-%u", static_cast<int>(getpid()),
-                  g_next_object.fetch_add(1));
-    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    // A process that exits without freeing what it shared (killed, or simply
+    // ending) leaves its object behind, and a later process may get the same
+    // pid: a name already taken moves on to the next number instead of
+    // failing (which PyTorch's queue feeder thread only prints, leaving the
+    // consumer waiting forever).
+    int fd = -1;
+    do {
+      std::snprintf(name, sizeof(name), "/simcuda-%d-%u", static_cast<int>(getpid()),
+                    g_next_object.fetch_add(1));
+      fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    } while (fd < 0 && errno == EEXIST);
     if (fd < 0) return cudaErrorMemoryAllocation;
     bool ok = ftruncate(fd, static_cast<off_t>(a.mapped)) == 0;
     // Copy the bytes in, then put the object where the allocation was.
