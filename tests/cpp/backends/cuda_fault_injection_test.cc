@@ -166,6 +166,25 @@ class CudaFaultTest : public ::testing::Test {
     return stats.active_bytes.all().current - stats.allocated_bytes.all().current;
   }
 
+  // One case of the fault matrices: an engine on device 1 (so that
+  // cudaSetDevice is called around every call) runs the workload with `call`
+  // failing once or every time, reports the fault, recovers, and then runs
+  // the workload again with no fault armed, every operation succeeding.
+  void RunWorkloadThroughTheFaultThenRecover(const char* call, cudaError_t error,
+                                             bool repeatedly, Placement placement) {
+    StartEngine(/*device=*/1, placement);
+    const unsigned long long before = sim().call_count(call);
+    Inject(call, repeatedly ? kForever : 1, error);
+    ExpectFaultOf(call);
+    RunWorkload();
+    if (repeatedly) RunWorkload();
+    EXPECT_GT(sim().call_count(call), before) << "the workload never reached the fault";
+
+    RecoverAndReleaseEverything();
+    RunWorkload();
+    RecoverAndReleaseEverything();
+  }
+
   // The fault named in errors: set by the test before it runs operations.
   void ExpectFaultOf(std::string call) { armed_call_ = std::move(call); }
 
@@ -279,17 +298,7 @@ class CudaFaultMatrix : public CudaFaultTest,
 
 TEST_P(CudaFaultMatrix, EngineReportsTheFaultKeepsItsPoolAndRecovers) {
   const auto [fault, repeatedly] = GetParam();
-  StartEngine(/*device=*/1);  // so that cudaSetDevice is called around every call
-  const unsigned long long before = sim().call_count(fault.call);
-  Inject(fault.call, repeatedly ? kForever : 1, fault.error);
-  ExpectFaultOf(fault.call);
-  RunWorkload();
-  if (repeatedly) RunWorkload();
-  EXPECT_GT(sim().call_count(fault.call), before) << "the workload never reached the fault";
-
-  RecoverAndReleaseEverything();
-  RunWorkload();  // with no fault armed: every operation succeeds
-  RecoverAndReleaseEverything();
+  RunWorkloadThroughTheFaultThenRecover(fault.call, fault.error, repeatedly, Placement::kPyTorch);
 }
 
 const CudaFault kCudaFaults[] = {
@@ -324,17 +333,7 @@ class CudaVmmFaultMatrix : public CudaFaultTest,
 
 TEST_P(CudaVmmFaultMatrix, EngineReportsTheFaultKeepsItsPagesAndRecovers) {
   const auto [fault, repeatedly] = GetParam();
-  StartEngine(/*device=*/1, Placement::kVirtualMemory);
-  const unsigned long long before = sim().call_count(fault.call);
-  Inject(fault.call, repeatedly ? kForever : 1, fault.error);
-  ExpectFaultOf(fault.call);
-  RunWorkload();
-  if (repeatedly) RunWorkload();
-  EXPECT_GT(sim().call_count(fault.call), before) << "the workload never reached the fault";
-
-  RecoverAndReleaseEverything();
-  RunWorkload();
-  RecoverAndReleaseEverything();
+  RunWorkloadThroughTheFaultThenRecover(fault.call, fault.error, repeatedly, Placement::kVirtualMemory);
   EXPECT_EQ(engine_->GetStats().vmm.lost_pages, 0);
 }
 
