@@ -423,6 +423,10 @@ class Fuzzer {
         FUZZ_CHECK(absl::StrContains(status.message(), "out of memory on fuzz:0"),
                    "an out-of-memory error names the device: ", status.ToString());
         if (InjectedSince(before)) return;
+        if (absl::StrContains(status.message(), "no free extent")) {
+          CheckRangeHadNoRoom(expected_pool, stream, policy.RoundSize(size));
+          return;
+        }
         // Without a fault, the retry gave back every free segment: whatever
         // is still reserved holds live or pending blocks, and a new segment
         // really does not fit under the limit or the device's capacity.
@@ -677,6 +681,38 @@ class Fuzzer {
     const double expected = fraction * static_cast<double>(controlled_capacity_);
     FUZZ_CHECK(std::fabs(static_cast<double>(limit) - expected) <= 1.0 + expected * 1e-12, "limit ",
                limit, " for fraction ", fraction, " of ", controlled_capacity_);
+  }
+
+  // Under virtual memory a request must fit a free extent of the one address
+  // range its (pool, stream, size class) reserved. The engine replaces that
+  // range only when all of it is free and no capture forbids unmapping (the
+  // retry releases it and reserves one sized by the device now); otherwise
+  // running out is right even below the limit: the range was reserved while
+  // the device was smaller, or its free space lies between live blocks, or
+  // the request is larger than any range for this device.
+  void CheckRangeHadNoRoom(PoolId pool, StreamId stream, std::size_t rounded) {
+    const PoolKind kind = engine_->policy().PoolFor(rounded);
+    for (const SegmentInfo& range : engine_->GetSegments(pool)) {
+      if (!range.vmm || range.owner != pool || range.stream != stream || range.pool != kind) {
+        continue;
+      }
+      bool all_free = true;
+      for (const BlockInfo& block : range.blocks) {
+        if (block.state != BlockState::kFree) {
+          all_free = false;
+          continue;
+        }
+        FUZZ_CHECK(block.size < rounded, "out of address space for ", rounded,
+                   " bytes, yet the free block at ", block.address, " has ", block.size);
+      }
+      // A range reserved now spans the device's capacity and an eighth.
+      const bool fresh_range_fits = rounded <= controlled_capacity_ + controlled_capacity_ / 8;
+      FUZZ_CHECK(!all_free || engine_->CaptureUnderway() || !fresh_range_fits,
+                 "an all-free range too small for ", rounded,
+                 " bytes was kept outside a capture");
+      return;
+    }
+    FUZZ_CHECK(false, "out of address space for ", rounded, " bytes without a range");
   }
 
   void DoSetCapacity() {

@@ -22,6 +22,7 @@ seconds="${1:?usage: tests/fuzz/run_fuzz.sh <seconds>}"
 jobs="${JOBS:-1}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${root}/build/fuzz"
+mkdir -p "${build}"
 
 cmake -S "${root}" -B "${build}" -G Ninja \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
