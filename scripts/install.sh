@@ -34,7 +34,9 @@ fi
 
 # --- Python packages ----------------------------------------------------------
 log "pip install (torch 2.14.1 CUDA build, torchmetrics, test and report tools)"
-$PYTHON -m pip install -q --disable-pip-version-check -r requirements.txt
+# No pip cache: torch and its NVIDIA libraries are ~5 GB installed; a cached
+# copy of their wheels besides would take disk the matrix smoke test needs.
+$PYTHON -m pip install -q --no-cache-dir --disable-pip-version-check -r requirements.txt
 
 # --- CUDA toolkit (headers + shared cudart) -------------------------------------
 # The machine normally has the CUDA 13 toolkit in /usr/local/cuda. If not, use

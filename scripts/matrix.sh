@@ -14,6 +14,11 @@
 #   TORCHMEM_MATRIX_DIR  where everything goes (default: build/matrix in the checkout)
 #   MAX_JOBS             build parallelism (default 2)
 #   MATRIX_KEEP_VENV=0   delete the cell's environment after a passing run
+#   MATRIX_KEEP_SHARED=0 after a passing run, also delete what other cells would
+#                        reuse: the torch wheel and the pieces of its CUDA major
+#                        (NVIDIA set, CUPTI, CUDA 12 toolkit, simulated device built
+#                        here): the run leaves nothing behind (scripts/test.sh: CI
+#                        machines have too little disk to keep two CUDA majors)
 #   TORCHMEM_SIMCUDA_DIR a built simulated device to use when its libcudart.so.N is
 #                        the CUDA major version of the torch tested (else one is built);
 #                        build it from this checkout's tests/simcuda: an older build lacks
@@ -72,8 +77,11 @@ CUDA12_TOOLKIT=(nvidia-cuda-runtime-cu12==12.8.90 nvidia-cuda-nvcc-cu12==12.8.93
   nvidia-cuda-profiler-api-cu12==12.8.90)
 
 # pip without this machine's local find-links (it holds a +cpu torch that
-# pip would prefer for 2.13.0); PyPI and the pip cache as usual.
-index_pip() { env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null "$@"; }
+# pip would prefer for 2.13.0); PyPI as usual, but no pip cache: every
+# download is kept where it is used (wheels/, the shared sets), and a cached
+# copy of the ~4 GB of NVIDIA wheels per CUDA major is what filled a CI
+# machine's disk.
+index_pip() { env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 "$@"; }
 # pip's complaints that torch's NVIDIA and triton requirements are not in the
 # environment: by design here (see above).
 quiet_pip() {
@@ -248,6 +256,7 @@ set_name=NVIDIA_CU$CUDA_MAJOR[@]
 set_cupti=$(cupti_pin "${!set_name}")
 torch_cupti=$(cupti_pin "${torch_nvidia[@]}")
 site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+CUPTI_DIR=""
 if [[ -n $torch_cupti && $torch_cupti != "$set_cupti" ]]; then
   CUPTI_DIR=$MATRIX_DIR/cupti-cu$CUDA_MAJOR-${torch_cupti##*==}
   if [[ ! -f $CUPTI_DIR/.complete ]]; then
@@ -291,6 +300,7 @@ PYTHON=$VENV/bin/python
 
 # --- CUDA toolkit for the build ----------------------------------------------------
 CUDA_ARGS=()
+TOOLKIT="" SIMCUDA_BUILD=""
 if [[ $CUDA_MAJOR == 12 ]]; then
   TOOLKIT=$MATRIX_DIR/cuda12-toolkit
   if [[ ! -f $TOOLKIT/.complete ]]; then
@@ -365,6 +375,12 @@ status=0
 if (( status == 0 )); then
   echo "RESULT: PASS torch $TORCH Python $PY (CUDA $CUDA_MAJOR) in $((SECONDS - start)) s"
   [[ ${MATRIX_KEEP_VENV:-1} == 0 ]] && rm -rf "$VENV" "$CELL/build"
+  if [[ ${MATRIX_KEEP_SHARED:-1} == 0 ]]; then
+    cd "$MATRIX_DIR"
+    rm -rf "$CELL" "$wheel" "$NVIDIA_DIR" ${CUPTI_DIR:+"$CUPTI_DIR"} ${TOOLKIT:+"$TOOLKIT"} \
+      ${SIMCUDA_BUILD:+"$SIMCUDA_BUILD"}
+    echo "deleted the cell, its torch wheel and the CUDA $CUDA_MAJOR pieces (MATRIX_KEEP_SHARED=0)"
+  fi
 else
   echo "RESULT: FAIL torch $TORCH Python $PY (CUDA $CUDA_MAJOR): pytest exit $status"
 fi

@@ -57,10 +57,14 @@ $PYTHON -m pytest tests/python -q -p no:cacheprovider
 log "oldest and newest supported torch: build and smoke-test (scripts/matrix.sh --smoke)"
 # torch 2.9.1 (CUDA 12, on the simulated libcudart.so.12) with Python 3.10 and
 # torch 2.15.0 (CUDA 13) with Python 3.13: each in its own environment under
-# build/matrix, deleted after a passing run. The full matrix is
-# scripts/matrix.sh TORCH PYTHON for each cell (README, "Supported versions").
-MATRIX_KEEP_VENV=0 bash scripts/matrix.sh 2.9.1 3.10 --smoke
-MATRIX_KEEP_VENV=0 bash scripts/matrix.sh 2.15.0 3.13 --smoke
+# build/matrix. Each needs ~8 GB of disk while it runs (torch, the NVIDIA
+# libraries its import loads); after a passing run everything it downloaded is
+# deleted (MATRIX_KEEP_SHARED=0), so the two never need the disk at once. The
+# full matrix is scripts/matrix.sh TORCH PYTHON for each cell (README,
+# "Supported versions").
+df -h "$PWD" | tail -1 | awk '{print "disk: " $4 " free of " $2 " before the matrix smoke runs"}'
+MATRIX_KEEP_VENV=0 MATRIX_KEEP_SHARED=0 bash scripts/matrix.sh 2.9.1 3.10 --smoke
+MATRIX_KEEP_VENV=0 MATRIX_KEEP_SHARED=0 bash scripts/matrix.sh 2.15.0 3.13 --smoke
 
 log "benchmark smoke run (benchmarks/run_all.py --quick; it measures, it does not test speed)"
 $PYTHON benchmarks/run_all.py --quick --build-dir build/release --no-build
