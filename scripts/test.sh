@@ -57,7 +57,7 @@ $PYTHON -m pytest tests/python -q -p no:cacheprovider
 log "oldest and newest supported torch: build and smoke-test (scripts/matrix.sh --smoke)"
 # torch 2.9.1 (CUDA 12, on the simulated libcudart.so.12) with Python 3.10 and
 # torch 2.15.0 (CUDA 13) with Python 3.13: each in its own environment under
-# build/matrix. Each needs ~8 GB of disk while it runs (torch, the NVIDIA
+# build/matrix. Each needs ~9 GB of disk (8.8 GB measured) while it runs (torch, the NVIDIA
 # libraries its import loads); after a passing run everything it downloaded is
 # deleted (MATRIX_KEEP_SHARED=0), so the two never need the disk at once. The
 # full matrix is scripts/matrix.sh TORCH PYTHON for each cell (README,
