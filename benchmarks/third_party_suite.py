@@ -9,9 +9,10 @@
         --ignore tests/unittests/wrappers/test_feature_share.py --repeat 3
 
 For each repetition it runs the named tests twice in fresh pytest processes, alternating
-which goes first (A/B, then B/A): plain ``python -m pytest`` and
-``python -m pytest -p torchmem.integrations.pytest_plugin --torchmem --torchmem-device DEVICE``
-(this checkout's torchmem, through ``PYTHONPATH``). It prints:
+which goes first (A/B, then B/A): plain ``python -m pytest -p no:torchmem`` (an installed
+torchmem's plugin not loaded) and the same with
+``-p torchmem.integrations.pytest_plugin --torchmem --torchmem-device DEVICE`` (this checkout's
+torchmem, through ``PYTHONPATH``). It prints:
 
 - pass / fail / error / skip counts of each run;
 - every test that passes plainly but fails under torchmem, with the plugin's report;
@@ -112,6 +113,11 @@ def run_suite(args, mode: str) -> Run:
         command = [
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
             "-o", "junit_duration_report=call", f"--junitxml={junit}",
+            # An installed torchmem registers the plugin through its entry point; loading
+            # this checkout's copy by module name too would make pytest refuse to start
+            # ("Plugin already registered under a different name"), and the plain run
+            # should not load it at all.
+            "-p", "no:torchmem",
         ]
         for ignored in args.ignore:
             command.append(f"--ignore={ignored}")
