@@ -39,6 +39,10 @@ class Classifier:
         self.survivors = survivors
         self.engines: dict[str, object] = {}
         self.released_meanwhile: set = set()  # (device, address) freed by other threads, not by gc
+        # Symbolized stacks by context id: the blocks one scope leaves mostly share a few
+        # allocation stacks (a metric's states), and each block needs its stack twice.
+        self._stacks: dict[int, list] = {}
+        self._report_frames: dict[int, tuple] = {}
 
     def run(self) -> None:
         started, started_cpu = time.perf_counter(), time.thread_time()
@@ -155,8 +159,24 @@ class Classifier:
         if identity in self.entry.returned:
             return "returned by the checked function"
         if block["context"]:
-            return torch_caches.reason(stack_frames.frames(block["context"]), block["requested_size"])
+            return torch_caches.reason(self._stack(block["context"]), block["requested_size"])
         return None
+
+    def _stack(self, context: int) -> list:
+        """The stack recorded for ``context``, innermost first, symbolized once per run."""
+        stack = self._stacks.get(context)
+        if stack is None:
+            stack = self._stacks[context] = stack_frames.frames(context)
+        return stack
+
+    def _frames(self, context: int) -> tuple:
+        """The stack of ``context`` as a report shows it (user's frames first)."""
+        if not context:
+            return ()
+        shown = self._report_frames.get(context)
+        if shown is None:
+            shown = self._report_frames[context] = tuple(stack_frames.user_first(self._stack(context)))
+        return shown
 
     def _engine(self, device: str):
         engine = self.engines.get(device)
@@ -205,7 +225,7 @@ class Classifier:
                 requested_size=block["requested_size"],
                 tag=block["tag"],
                 stream=block["stream"],
-                frames=_frames(block["context"]),
+                frames=self._frames(block["context"]),
                 owners=tuple(owners),
                 cycle_types=tuple(cycle_types),
                 sequence=block["sequence"],
@@ -226,9 +246,3 @@ def still_allocated(engine, block: dict) -> bool:
     except ValueError:
         return False
     return current["sequence"] == block["sequence"]
-
-
-def _frames(context: int) -> tuple:
-    if not context:
-        return ()
-    return tuple(stack_frames.user_first(stack_frames.frames(context)))

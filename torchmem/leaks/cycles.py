@@ -137,9 +137,18 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
     def on_cycle(node: int) -> bool:
         return sizes[component[node]] > 1 or node in forward.get(node, ())
 
+    # The blocks of one object (a metric's states and their defaults) share its cycle:
+    # describe each cycle member once.
+    described: dict[int, tuple[tuple, str]] = {}
+
+    def describe(node: int) -> tuple[tuple, str]:
+        if node not in described:
+            described[node] = _describe_cycle(node, by_id, forward, component)
+        return described[node]
+
     holders = {}
     for key, entries in starts.items():
-        holder = _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle)
+        holder = _nearest_cycle(entries, by_id, backward, component, on_cycle, describe)
         if holder is not None:
             holders[key] = replace(holder, island_id=island[holder.cycle_id])
     return holders
@@ -191,7 +200,7 @@ def _array_views(index: BlockIndex, garbage: list) -> dict:
     return found
 
 
-def _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle) -> CycleHolder | None:
+def _nearest_cycle(entries, by_id, backward, component, on_cycle, describe) -> CycleHolder | None:
     down: dict[int, tuple] = {}
     queue: deque[int] = deque()
     for obj, suffix in entries:
@@ -205,7 +214,7 @@ def _nearest_cycle(key, entries, by_id, forward, backward, component, on_cycle) 
             below = _labels_down(node, down, by_id)
             member = by_id[node]
             owner = Owner(render_path(object_name(member), below), "cycle")
-            types_in_cycle, expression = _describe_cycle(node, by_id, forward, component)
+            types_in_cycle, expression = describe(node)
             return CycleHolder(
                 owner=owner, cycle_types=types_in_cycle, cycle=expression,
                 holder_type=type(member).__qualname__, cycle_id=component[node],
