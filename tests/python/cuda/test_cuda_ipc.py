@@ -19,15 +19,23 @@ from processes import run
 def send_two_tensors_of_one_segment(use_torchmem_in_consumer: bool) -> tuple[dict, list]:
     context = mp.get_context("spawn")
     tensors, results = context.Queue(), context.Queue()
-    child = context.Process(target=consume, args=(use_torchmem_in_consumer, tensors, results))
+    # Daemonic, and killed below if it is still waiting: when sending fails (the queue's
+    # feeder thread only prints a pickling error), the child waits for tensors forever, and
+    # a non-daemonic child would be joined forever at exit: the suite would hang, not fail.
+    child = context.Process(target=consume, args=(use_torchmem_in_consumer, tensors, results), daemon=True)
     child.start()
-    allocated_before = torchmem.memory_allocated("cuda:0")
-    first = torch.full((1000,), 3.0).to("cuda")
-    second = torch.full((1000,), 5.0).to("cuda")  # 4096 bytes further in the same segment
-    tensors.put((first, second))
-    answer = results.get(timeout=300)
-    tensors.put(None)
-    child.join(timeout=300)
+    try:
+        allocated_before = torchmem.memory_allocated("cuda:0")
+        first = torch.full((1000,), 3.0).to("cuda")
+        second = torch.full((1000,), 5.0).to("cuda")  # 4096 bytes further in the same segment
+        tensors.put((first, second))
+        answer = results.get(timeout=300)
+        tensors.put(None)
+        child.join(timeout=300)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
     assert child.exitcode == 0
     after = [first.cpu().tolist()[:3], second.cpu().tolist()[:3]]
     del first, second
@@ -54,7 +62,7 @@ def test_a_tensor_shared_by_pytorchs_allocator_is_opened_by_torchmem():
     if __name__ == "__main__":
         context = mp.get_context("spawn")
         tensors, results = context.Queue(), context.Queue()
-        child = context.Process(target=consume, args=(True, tensors, results))
+        child = context.Process(target=consume, args=(True, tensors, results), daemon=True)  # see above
         child.start()
         first = torch.full((1000,), 3.0).to("cuda")
         second = torch.full((1000,), 5.0).to("cuda")
