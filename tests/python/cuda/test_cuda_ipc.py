@@ -19,10 +19,10 @@ from processes import run
 def send_two_tensors_of_one_segment(use_torchmem_in_consumer: bool) -> tuple[dict, list]:
     context = mp.get_context("spawn")
     tensors, results = context.Queue(), context.Queue()
-    # Daemonic, and killed below if it is still waiting: when sending fails (the queue's
-    # feeder thread only prints a pickling error), the child waits for tensors forever, and
-    # a non-daemonic child would be joined forever at exit: the suite would hang, not fail.
-    child = context.Process(target=consume, args=(use_torchmem_in_consumer, tensors, results), daemon=True)
+    # Killed below if it is still waiting: when sending fails (the queue's feeder thread only
+    # prints a pickling error), the child waits for tensors forever, and multiprocessing would
+    # join it forever at exit: the suite would hang, not fail.
+    child = context.Process(target=consume, args=(use_torchmem_in_consumer, tensors, results))
     child.start()
     try:
         allocated_before = torchmem.memory_allocated("cuda:0")
@@ -62,7 +62,8 @@ def test_a_tensor_shared_by_pytorchs_allocator_is_opened_by_torchmem():
     if __name__ == "__main__":
         context = mp.get_context("spawn")
         tensors, results = context.Queue(), context.Queue()
-        child = context.Process(target=consume, args=(True, tensors, results), daemon=True)  # see above
+        # Daemonic: if the snippet fails while the child waits, exit terminates it (see above).
+        child = context.Process(target=consume, args=(True, tensors, results), daemon=True)
         child.start()
         first = torch.full((1000,), 3.0).to("cuda")
         second = torch.full((1000,), 5.0).to("cuda")
