@@ -60,8 +60,7 @@ log "oldest and newest supported torch: build and smoke-test (scripts/matrix.sh 
 # build/matrix. Each needs ~9 GB of disk (8.8 GB measured) while it runs (torch, the NVIDIA
 # libraries its import loads); after a passing run everything it downloaded is
 # deleted (MATRIX_KEEP_SHARED=0), so the two never need the disk at once. The
-# full matrix is scripts/matrix.sh TORCH PYTHON for each cell (README,
-# "Supported versions").
+# full matrix is scripts/matrix.sh TORCH PYTHON for each cell (docs/supported-versions.md).
 df -h "$PWD" | tail -1 | awk '{print "disk: " $4 " free of " $2 " before the matrix smoke runs"}'
 MATRIX_KEEP_VENV=0 MATRIX_KEEP_SHARED=0 bash scripts/matrix.sh 2.9.1 3.10 --smoke
 MATRIX_KEEP_VENV=0 MATRIX_KEEP_SHARED=0 bash scripts/matrix.sh 2.15.0 3.13 --smoke

@@ -2,7 +2,7 @@
 
 Everything goes through torch.distributed's own object collectives (``all_gather_object``,
 ``gather_object``) on the group the caller names (default: the whole job). A payload is
-``bytes`` (``payload.encode``), so what crosses the wire is exactly what ``README.md``
+``bytes`` (``payload.encode``), so what crosses the wire is exactly what ``docs/distributed.md``
 measures.
 
 Bounded waits. A collective waits for the slowest rank, up to the process group's timeout

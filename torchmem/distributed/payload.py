@@ -7,8 +7,8 @@ launcher's store, and is rendered by rank 0 (``torchmem.distributed.job``).
 Plain JSON rather than pickle so that ranks running different torchmem versions can still
 read each other's header and say so (``PROTOCOL`` and the version come first), and so that
 nothing a peer sends is executed. The size is bounded: at most ``max_tags`` tags per device
-and ``max_findings`` leak groups (the rest are counted, not sent); ``README.md`` ("Distributed
-training") gives the measured bytes per tag and per finding.
+and ``max_findings`` leak groups (the rest are counted, not sent); ``docs/distributed.md`` ("Scale")
+gives the measured bytes per tag and per finding.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
     @torchmem.leak_check(warmup=1)       # reused: the first call may create lasting state
     def train_step(batch): ...
 
-How an exit classifies the blocks the scope left behind (the README's "A leak check,
-as it reads" says the same for users):
+How an exit classifies the blocks the scope left behind (docs/leak-checks.md says the same
+for users):
 
 1. the engine hands over every block allocated inside (by any thread attributed to the
    scope) that is still allocated (or pending on other streams) when the scope closes;

@@ -21,7 +21,7 @@ BlockKey = tuple  # (device: str, address: int)
 # sent batches, a later rebuild_storage_fd crashes in _free_weak_ref. Such a heap object can
 # be a storage whose Python object torch keeps alive for C++ ("PyObject preservation",
 # reworked by 2.11). There, bare storages are not start points: memory held only through
-# one is reported without its holder (README, "Supported versions").
+# one is reported without its holder (docs/limits.md).
 _BARE_STORAGES_ARE_READABLE = torch.torch_version.__version__ >= (2, 11)
 
 _MAX_GRAPH_VISITS = 200_000  # graph nodes visited, over all heads
