@@ -60,6 +60,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from torchmem._support.tables import render_table
 from torchmem._support.units import format_bytes
 
 __all__ = ["ProcessMemory", "RssReport", "ProcessDelta", "RssDelta", "RssMonitor", "rss_report", "rss_delta"]
@@ -251,7 +252,7 @@ class RssReport:
     def render(self) -> str:
         """A table: one row per process, the RSS and its parts, then what they mean."""
         header = ("pid", "process", "rss", "private", "shared-anon", "file-backed", "shmem", "uss", "pss")
-        rows = [header]
+        rows = []
         for entry in self.processes:
             rows.append((
                 str(entry.pid),
@@ -259,12 +260,9 @@ class RssReport:
                 *(format_bytes(getattr(entry, key)) for key in ("rss", *PARTS, "uss")),
                 "-" if entry.pss is None else format_bytes(entry.pss),
             ))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines = [f"torchmem.rss_report: host memory (RSS) of {len(self.processes)} process(es)"]
-        for row in rows:
-            cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1])]
-            cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:])]
-            lines.append("  " + "  ".join(cells))
+        justify = ["right", "left"] + ["right"] * (len(header) - 2)
+        lines.append(render_table(header, rows, justify=justify, gap=2))
         if self.unreadable:
             lines.append(f"  (could not read pids {', '.join(map(str, self.unreadable))}: permission denied)")
         lines.append("  " + _torchmem_line(self.torchmem_cpu, self.main))

@@ -15,6 +15,7 @@ import json
 import torchmem
 from torchmem.runtime import install as _install
 from torchmem.reports import devices as _report_devices
+from torchmem._support.tables import render_rows, render_table
 from torchmem._support.units import format_bytes
 from torchmem.reports.devices import DevicesArg
 
@@ -136,13 +137,14 @@ def _device_summary(device: _report_devices.ReportDevice) -> dict:
 
 
 def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
-    """Plain aligned columns: the first left-aligned, the others right-aligned."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
-        lines.append((indent + "   ".join(cells)).rstrip())
-    return lines
+    """Aligned columns, the first row as header: the first column left-aligned, the others
+    right-aligned (numbers)."""
+    return render_table(rows[0], rows[1:], indent=indent).splitlines()
+
+
+def _rows(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Aligned columns without a header row."""
+    return render_rows(rows, indent=indent).splitlines()
 
 
 def _percent(fraction: float) -> str:
@@ -211,7 +213,7 @@ def _device_text(name: str, d: dict) -> list[str]:
             ["pending free", format_bytes(f["pending_free_bytes"]), "freed, waiting on other streams' events"]
         )
     # The note column is text: left-align it by rendering it outside the numeric table.
-    numeric = _table([row[:2] for row in frag_rows], indent="    ")
+    numeric = _rows([row[:2] for row in frag_rows], indent="    ")
     lines += [f"{line}   {row[2]}" for line, row in zip(numeric, frag_rows)]
     return lines
 
