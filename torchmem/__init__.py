@@ -14,13 +14,17 @@
     torchmem.memory_stats()             # torch.cuda.memory_stats() keys
     torchmem.tag_stats(); torchmem.fragmentation(); torchmem.summary(); torchmem.snapshot()
 
+    torchmem.track(model, optimizer)    # memory by category: parameters, gradients, ...
+    torchmem.record_trace()             # the timeline, then:
+    torchmem.write_html("memory.html")  # a report to open in a browser (or write_capture)
+
 Public names are loaded on first use, so ``import torchmem`` stays cheap. The public API
 is the names listed here; the subpackages are its implementation:
 
     runtime/       installing into PyTorch, the engine per device, tags, statistics
     stacks/        capturing allocation stacks, and whose code each frame is
     leaks/         leak checks, their reports, the owner search, growth across steps
-    reports/       summary() and snapshots in PyTorch's format
+    reports/       summary(), snapshots in PyTorch's format, captures, the HTML report, categories
     host/          resident set size per process (DataLoader workers included)
     integrations/  the pytest plugin, ``python -m torchmem`` (run, demo), DataLoader workers
     distributed/   many ranks, one answer: job reports, collective leak checks (torch.distributed)
@@ -80,6 +84,15 @@ _EXPORTS = {
     "snapshot": "torchmem.reports.snapshot",
     "dump_snapshot": "torchmem.reports.snapshot",
     "record_trace": "torchmem.reports.snapshot",
+    # captures and the HTML report
+    "write_capture": "torchmem.reports.capture",
+    "load_capture": "torchmem.reports.capture",
+    "combine_captures": "torchmem.reports.capture",
+    "Capture": "torchmem.reports.capture",
+    "CaptureFormatError": "torchmem.reports.capture",
+    "write_html": "torchmem.reports.html",
+    # memory by category (parameters, gradients, optimizer state, activations)
+    "track": "torchmem.reports.categories",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

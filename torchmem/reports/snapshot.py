@@ -87,7 +87,9 @@ _trace_turned_on_stacks = False
 # --- recording history -------------------------------------------------------------
 
 
-def record_trace(max_entries: int | None = DEFAULT_MAX_ENTRIES, *, stacks: bool = True) -> None:
+def record_trace(
+    max_entries: int | None = DEFAULT_MAX_ENTRIES, *, stacks: bool = True, sample_interval: float | None = None
+) -> None:
     """Records allocator history into snapshots' ``device_traces``; ``0``/``None`` stops.
 
     torchmem's counterpart of ``torch.cuda.memory._record_memory_history(max_entries=...)``:
@@ -101,10 +103,19 @@ def record_trace(max_entries: int | None = DEFAULT_MAX_ENTRIES, *, stacks: bool 
     events and blocks carry the stack that allocated them; stopping turns it off again only
     if this function turned it on. Every device torchmem serves when it is called records,
     including CUDA devices not used yet; installing CUDA afterwards needs another call.
+
+    While recording, a timeline also samples the memory in use per tag and per category
+    (``torchmem.track``) every ``sample_interval`` seconds (default 0.05; 0 samples only at
+    tracked forwards and optimizer steps), for ``torchmem.write_capture`` and the HTML
+    report (:mod:`torchmem.reports.timeline`).
     """
     global _trace_max_entries, _trace_turned_on_stacks
     if max_entries is None:
         max_entries = 0
+    from torchmem.reports import timeline
+
+    if sample_interval is None:
+        sample_interval = timeline.DEFAULT_INTERVAL
     if isinstance(max_entries, bool) or not isinstance(max_entries, int):
         raise TypeError(f"torchmem.record_trace: max_entries must be an int, got {max_entries!r}")
     if max_entries < 0:
@@ -124,6 +135,11 @@ def record_trace(max_entries: int | None = DEFAULT_MAX_ENTRIES, *, stacks: bool 
             stack_capture.record_history(False)
             _trace_turned_on_stacks = False
         _trace_max_entries = max_entries
+    # Outside the lock: a sample reads the engines, and the sampler thread is joined.
+    if max_entries:
+        timeline.start(sample_interval)
+    else:
+        timeline.stop()
 
 
 def trace_max_entries() -> int:

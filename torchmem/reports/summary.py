@@ -14,6 +14,7 @@ import json
 
 import torchmem
 from torchmem.runtime import install as _install
+from torchmem.reports import categories as _categories
 from torchmem.reports import devices as _report_devices
 from torchmem._support.tables import render_rows, render_table
 from torchmem._support.units import format_bytes
@@ -35,7 +36,11 @@ _FREE_SPACE_KEYS = (
 )
 
 
-def summary(devices: DevicesArg = None, format: str = "text"):  # noqa: A002 - mirrors torch's naming
+# Allocation sites listed per device by live and by peak bytes.
+DEFAULT_TOP_SITES = 5
+
+
+def summary(devices: DevicesArg = None, format: str = "text", top: int = DEFAULT_TOP_SITES):  # noqa: A002
     """What torchmem's allocator holds, per device: a text table, JSON, or a dict.
 
     For each device: allocated / reserved / requested bytes (current and peak), live and
@@ -51,10 +56,19 @@ def summary(devices: DevicesArg = None, format: str = "text"):  # noqa: A002 - m
     ``devices``: ``None`` for every device torchmem serves (CUDA devices that never allocated
     are left out), or a device / list of devices.
     ``format``: ``"text"`` (returns a str to print), ``"json"`` (a str) or ``"dict"``.
+
+    ``top``: how many allocation sites to list per device by live bytes (the blocks alive
+    now, by the line that allocated them: needs stack capture, ``torchmem.record_history()``)
+    and by peak bytes (the most each line held at once: needs the trace,
+    ``torchmem.record_trace()``); 0 for none. When ``torchmem.track(model, optimizer)`` is
+    on, memory in use by category (parameters, gradients, optimizer state, activations,
+    other) and the modules holding the most.
     """
     if not isinstance(format, str) or format not in FORMATS:
         raise ValueError(f"torchmem.summary: format must be one of {', '.join(map(repr, FORMATS))}; got {format!r}")
-    data = summary_dict(devices)
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ValueError(f"torchmem.summary: top must be an int >= 0 (sites listed per device), got {top!r}")
+    data = summary_dict(devices, top=top)
     if format == "dict":
         return data
     if format == "json":
@@ -62,12 +76,56 @@ def summary(devices: DevicesArg = None, format: str = "text"):  # noqa: A002 - m
     return render(data)
 
 
-def summary_dict(devices: DevicesArg = None) -> dict:
-    """The dict form of :func:`summary` (see there)."""
+def summary_dict(devices: DevicesArg = None, top: int = 0) -> dict:
+    """The dict form of :func:`summary` (see there); ``top`` sites per device (0: no
+    ``top_sites`` key, and no cost)."""
     chosen = _report_devices.select(devices, what="torchmem.summary", skip_unused_cuda=True)
-    return {
+    out = {
         "torchmem_version": torchmem.__version__,
         "devices": {device.name: _device_summary(device) for device in chosen},
+    }
+    if top:
+        for device in chosen:
+            out["devices"][device.name]["top_sites"] = _top_sites(device, top)
+    in_use = {name: d["requested"]["current"] for name, d in out["devices"].items()}
+    for name, usage in _categories.category_usage(in_use).items():
+        modules = sorted(usage["modules"].items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+        out["devices"][name]["categories"] = usage["categories"]
+        out["devices"][name]["top_modules"] = [
+            {"module": module, "bytes": sum(figures.values()), "categories": figures}
+            for module, figures in modules[: top or DEFAULT_TOP_SITES]
+        ]
+    return out
+
+
+def _top_sites(device: _report_devices.ReportDevice, top: int) -> dict:
+    """The device's ``top`` allocation sites by live and by peak bytes (see :func:`summary`)."""
+    from torchmem.reports import collect, sites
+
+    stacks = collect.StackTable()
+    engine = device.engine
+    reserved = int(engine.memory_stats()["reserved_bytes.all.current"])
+    figures = {
+        "trace": collect.trace_columns(engine, stacks),
+        "blocks": collect.block_columns(engine, device.name, stacks, _categories.classify_storages()),
+        "summary": {"reserved": {"current": reserved}},
+    }
+    data = {"stacks": stacks.table, "devices": {device.name: figures}}
+    replayed = {device.name: sites.replay(data, device.name)}
+
+    def rows(by: str) -> list[dict]:
+        return [
+            {"site": site.location, "source": site.source, "live_bytes": site.live_bytes,
+             "live_blocks": site.live_blocks, "peak_bytes": site.peak_bytes}
+            for site in sites.top_sites(data, device.name, by=by, limit=top, replayed=replayed)
+        ]
+
+    has_trace = bool(figures["trace"]["action"])
+    return {
+        "stacks_captured": any(figures["blocks"]["stack"]) or any(figures["trace"]["stack"]),
+        "trace_recorded": has_trace,
+        "by_live": rows("live"),
+        "by_peak": rows("peak") if has_trace else [],
     }
 
 
@@ -215,6 +273,54 @@ def _device_text(name: str, d: dict) -> list[str]:
     # The note column is text: left-align it by rendering it outside the numeric table.
     numeric = _rows([row[:2] for row in frag_rows], indent="    ")
     lines += [f"{line}   {row[2]}" for line, row in zip(numeric, frag_rows)]
+    if "categories" in d:
+        lines += ["", *_category_text(d)]
+    if "top_sites" in d:
+        lines += ["", *_sites_text(d["top_sites"])]
+    return lines
+
+
+def _category_text(d: dict) -> list[str]:
+    total = sum(d["categories"].values())
+    rows = [
+        [category.replace("_", " "), format_bytes(size), _percent(size / total) if total else "-"]
+        for category, size in d["categories"].items()
+    ]
+    lines = ["  memory in use by category (torchmem.track)"]
+    lines += _table([["category", "bytes", "share"], *rows])
+    if d.get("top_modules"):
+        module_rows = [
+            [m["module"], format_bytes(m["bytes"]),
+             ", ".join(f"{c.replace('_', ' ')} {format_bytes(b)}" for c, b in sorted(m["categories"].items(),
+                                                                                    key=lambda kv: -kv[1]))]
+            for m in d["top_modules"]
+        ]
+        lines += [""]
+        lines += render_table(["module", "bytes", "of which"], module_rows, justify=["left", "right", "left"]
+                              ).splitlines()
+    return lines
+
+
+def _sites_text(top: dict) -> list[str]:
+    def where(site: dict) -> str:
+        return f"{site['site']}  {site['source']}" if site["source"] else site["site"]
+
+    lines = ["  top allocation sites by live bytes (blocks alive now, by the line that allocated them)"]
+    if not top["stacks_captured"]:
+        lines.append("    no stacks captured: torchmem.record_history() (or record_trace()) records where blocks come from")
+    if top["by_live"]:
+        rows = [[format_bytes(s["live_bytes"]), f"{s['live_blocks']:,}", where(s)] for s in top["by_live"]]
+        lines += render_table(["live", "blocks", "allocated at"], rows, justify=["right", "right", "left"],
+                              indent="    ").splitlines()
+    else:
+        lines.append("    nothing alive")
+    lines.append("  top allocation sites by peak bytes (the most each line held at once)")
+    if not top["trace_recorded"]:
+        lines.append("    no trace recorded: torchmem.record_trace() records one (torchmem run does)")
+    else:
+        rows = [[format_bytes(s["peak_bytes"]), format_bytes(s["live_bytes"]), where(s)] for s in top["by_peak"]]
+        lines += render_table(["peak", "live now", "allocated at"], rows, justify=["right", "right", "left"],
+                              indent="    ").splitlines()
     return lines
 
 
