@@ -21,7 +21,8 @@ log() { printf '\n==> %s\n' "$*"; }
 
 # --- system packages ----------------------------------------------------------
 APT_PACKAGES=(build-essential cmake ninja-build git libgtest-dev libbenchmark-dev libabsl-dev
-              clang clang-format clang-tidy libclang-rt-14-dev valgrind)
+              clang clang-format clang-tidy libclang-rt-14-dev valgrind
+              chromium)  # chromium: the HTML report's browser test (tests/python/test_html_report.py)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
