@@ -27,6 +27,7 @@ from __future__ import annotations
 import html as _html
 import json
 import os
+import re
 from typing import Iterable
 
 from torchmem._support.units import format_bytes
@@ -298,29 +299,57 @@ def _segment_rects(segment: dict, colours: dict) -> list[dict]:
     return rects
 
 
+_LAST_INDEX = re.compile(r"\[(\d+)\](?!.*\[\d+\])")
+
+
+def _fold_owner_paths(owners: list[dict]) -> list[dict]:
+    """``HOARD[0]``, ``HOARD[1]``, ``HOARD[2]`` -> one holder ``HOARD[0..2]`` (paths that
+    differ only in their last index), as the text report shows them."""
+    groups: dict[tuple, list] = {}
+    for owner in owners:
+        match = _LAST_INDEX.search(owner["path"])
+        if match is None:
+            groups.setdefault((owner["path"], None, owner.get("location")), []).append((0, owner))
+            continue
+        key = (owner["path"][: match.start()], owner["path"][match.end():], owner.get("location"))
+        groups.setdefault(key, []).append((int(match.group(1)), owner))
+    out = []
+    for (head, tail, location), members in groups.items():
+        if tail is None or len(members) == 1:
+            out.extend(owner for _, owner in members)
+            continue
+        values = sorted({value for value, _ in members})
+        contiguous = values == list(range(values[0], values[0] + len(values)))
+        inner = f"{values[0]}..{values[-1]}" if contiguous else ", ".join(map(str, values))
+        out.append({"path": f"{head}[{inner}]{tail}", "location": location})
+    return out
+
+
 def _leak_groups(leaks: dict | None) -> list[dict]:
-    """Findings grouped by kind, tag, allocation stack and holders, largest first."""
+    """Findings grouped by kind, tag, allocation stack and cycle, largest first, with their
+    holders folded."""
     if not leaks:
         return []
     groups: dict[tuple, dict] = {}
     for finding in leaks["report"]["findings"]:
         frames = tuple((f["filename"], f["line"], f["name"]) for f in finding["frames"])
-        owners = tuple(o["path"] for o in finding["owners"])
-        key = (finding["kind"], finding["counted"], finding["device"], finding["tag"], frames, owners,
-               finding.get("cycle"), finding.get("note"))
+        key = (finding["kind"], finding["counted"], finding["device"], finding["tag"], frames,
+               tuple(finding.get("cycle_types") or ()), finding.get("cycle"), finding.get("note"))
         group = groups.get(key)
         if group is None:
             group = groups[key] = {
                 "kind": finding["kind"], "counted": finding["counted"], "device": finding["device"],
-                "tag": finding["tag"] or "untagged", "owners": finding["owners"], "cycle": finding.get("cycle"),
+                "tag": finding["tag"] or "untagged", "owners": [], "cycle": finding.get("cycle"),
                 "note": finding.get("note"), "frames": [f for f in finding["frames"] if f["line"]][:8],
                 "bytes": 0, "blocks": 0,
             }
+        group["owners"].extend(owner for owner in finding["owners"] if owner not in group["owners"])
         group["bytes"] += finding["size"]
         group["blocks"] += 1
     ordered = sorted(groups.values(), key=lambda g: (not (g["kind"] in ("reachable", "cycle") and g["counted"]),
                                                      -g["bytes"]))
     for group in ordered:
+        group["owners"] = _fold_owner_paths(group["owners"])
         group["size"] = format_bytes(group["bytes"])
         group["leaked"] = group["kind"] in ("reachable", "cycle") and group["counted"]
     return ordered
