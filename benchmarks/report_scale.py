@@ -82,7 +82,7 @@ def main() -> int:
         start = time.perf_counter()
         dom = subprocess.run(
             [args.chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
-             "--virtual-time-budget=30000", "--dump-dom", f"file://{html_path}"],
+             "--dump-dom", f"file://{html_path}"],
             capture_output=True, text=True, timeout=300,
         ).stdout
         wall = time.perf_counter() - start

@@ -403,13 +403,29 @@ def _device_section(data: dict, device: str, origin: int, colours: dict, charts:
         "by_peak": _site_rows(data, by_peak) if replayed.events else [],
         "tags": [dict(t, current=format_bytes(t["current_bytes"]), peak=format_bytes(t["peak_bytes"]),
                       colour=_colour(t["tag"], colours)) for t in summary["tags"]],
-        "categories": [{"name": c.replace("_", " "), "bytes": format_bytes(b),
-                        "share": f"{b / max(1, sum(categories.values())) * 100:.1f} %",
-                        "colour": _CATEGORY_COLOURS.get(c, "#999")}
-                       for c, b in sorted(categories.items(), key=lambda kv: -kv[1])],
+        "categories": _category_rows(categories),
+        "categories_at_peak": _category_rows(_categories_at_peak_sample(data, device)),
         "modules": module_rows,
         "segments": _segments(figures, colours),
     }
+
+
+def _category_rows(categories: dict) -> list[dict]:
+    total = max(1, sum(categories.values()))
+    return [{"name": c.replace("_", " "), "bytes": format_bytes(b), "share": f"{b / total * 100:.1f} %",
+             "colour": _CATEGORY_COLOURS.get(c, "#999")}
+            for c, b in sorted(categories.items(), key=lambda kv: -kv[1])]
+
+
+def _categories_at_peak_sample(data: dict, device: str) -> dict:
+    """Bytes per category at the sample with the most memory in use (when tracked)."""
+    series = ((data.get("samples") or {}).get("devices") or {}).get(device) or {}
+    categories = series.get("categories") or {}
+    in_use = series.get("in_use") or []
+    if not categories or not in_use:
+        return {}
+    peak = max(range(len(in_use)), key=lambda i: in_use[i] or 0)
+    return {name: values[peak] for name, values in categories.items() if values[peak]}
 
 
 def _live_stacks(figures: dict) -> dict:
