@@ -18,6 +18,7 @@ and the interval doubles, so a long run keeps an even picture of its whole lengt
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 
@@ -30,6 +31,7 @@ DEFAULT_MAX_SAMPLES = 20_000
 
 _lock = ForkSafeLock()
 _recording: "_Recording | None" = None
+_stop_at_exit_registered = False
 
 
 class _Recording:
@@ -72,6 +74,12 @@ def start(interval: float = DEFAULT_INTERVAL, max_samples: int = DEFAULT_MAX_SAM
     with _lock:
         _recording = recording
     if interval:
+        global _stop_at_exit_registered
+        if not _stop_at_exit_registered:
+            # Before the interpreter finalizes: a sampler still inside an engine call (the
+            # bindings release the GIL there) must not outlive what it reads.
+            atexit.register(stop)
+            _stop_at_exit_registered = True
         recording.thread = threading.Thread(target=recording.run, name="torchmem-timeline", daemon=True)
         recording.thread.start()
     take_sample("start")
