@@ -205,8 +205,9 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             default all devices torchmem serves.
         cycles: when memory that only a reference cycle held counts as leaked:
             ``"repeating"`` (default: when one allocation stack and holder type left
-            ``cycle_repeats`` cycles in this entry, or cycles in the previous entry too: the
-            Composer bug; an object that merely lives in a cycle is reported, not counted),
+            ``cycle_repeats`` cycles in this entry, each dropped on its own: the Composer bug;
+            an object that merely lives in a cycle is reported, not counted; each entry of a
+            reused check is judged on its own),
             ``"always"`` or ``"never"``. See ``torchmem.leaks.cycle_policy``.
         cycle_repeats: separate cycles (int >= 2, default 8) that make ``"repeating"`` count.
         allow_held_by: ``{name: object}``: memory held only through these objects is
@@ -245,8 +246,6 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self.cycles = cycle_policy.normalize_policy(cycles)
         self.cycle_repeats = cycle_policy.normalize_repeats(cycle_repeats)
         self.allowed_roots = _normalize_held_by(allow_held_by)
-        # Cycle groups (allocation stack, holder type) the previous non-warm-up entry left.
-        self.previous_cycle_keys: frozenset = frozenset()
         self.entries = 0
         self.report: LeakReport | None = None
         self._open: _OpenCheck | None = None

@@ -134,15 +134,11 @@ class Classifier:
         for index, holder in cycle_findings:
             finding = self.report.findings[index]
             holder_type = holder.holder_type if holder else ""
-            # Garbage not connected to other garbage: a wrapper holding many metric copies is one.
-            cycle_id = holder.island_id if holder else -index - 1  # unknown holders: one each
-            held.append((index, (finding.context, holder_type), cycle_id))
-        verdicts, keys = cycle_policy.judge(
-            held, policy=self.check.cycles, repeats=self.check.cycle_repeats,
-            previous=self.check.previous_cycle_keys,
-        )
-        if not self.report.warmup:
-            self.check.previous_cycle_keys = keys
+            # What was dropped together (one wrapper above many metric copies) counts once;
+            # a block whose holder is unknown is a copy of its own.
+            tops = holder.dropped_with if holder and holder.dropped_with else frozenset({("unknown", index)})
+            held.append((index, (finding.context, holder_type), tops))
+        verdicts = cycle_policy.judge(held, policy=self.check.cycles, repeats=self.check.cycle_repeats)
         for index, verdict in verdicts.items():
             finding = self.report.findings[index]
             self.report.findings[index] = replace(finding, counted=verdict.counted, note=verdict.note)
