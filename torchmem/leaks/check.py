@@ -21,12 +21,12 @@ for users):
    ``owners.find_owners`` names its holders (**allowed** when only objects passed in
    ``allow_held_by`` hold it).
 
-Cost: a check that leaves nothing behind costs a scope open and close, an O(1) freeze and
-thaw of the collector's generations (``collector``), a pause of its automatic collections
-while the exit runs, and stack capture while open (a fraction of a microsecond per
-allocation); no garbage collection. One with survivors
-collects only the objects made while it was open, and runs the owner search for blocks
-that survive that.
+Cost: a check that leaves nothing behind costs a scope open and close, a pause of the
+collector's automatic collections while the exit runs, and stack capture while open (a
+fraction of a microsecond per allocation); no garbage collection. One with survivors collects
+the young generations, the whole heap only when a block survives that, and runs the owner
+search for blocks that survive both (``collector``). The collector is never frozen or
+reconfigured while the checked code runs: it sees what it sees outside a check.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ class _OpenCheck:
     report: LeakReport
     site: str
     capture: object = None
-    freeze: object = None
     expected: set = field(default_factory=set)  # (device, address, sequence)
     returned: set = field(default_factory=set)  # the same, for what a decorated function returned
+    allowed_roots: tuple = ()  # AllowedRoots of this entry only (what a decorated function returned)
 
 
 def _caller_site(depth: int) -> str:
@@ -285,8 +285,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             if capture is not None:
                 capture.__exit__(None, None, None)
             raise
-        entry = _OpenCheck(scope=scope, thread=threading.get_ident(), report=report, site=site, capture=capture,
-                           freeze=collector.open_freeze())
+        entry = _OpenCheck(scope=scope, thread=threading.get_ident(), report=report, site=site, capture=capture)
         self._open = entry
         _thread_stack().append(entry)
         with _open_checks_lock:
@@ -311,7 +310,6 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                     "opened inside it directly with torchmem._C.open_scope is still open: close that first"
                 ) from error
             self._unregister(entry)
-            collector.close_freeze(entry.freeze)
             raise RuntimeError(
                 f"torchmem.leak_check (entered at {entry.site}): its scope was already closed, by a direct "
                 "torchmem._C.close_scope call; leave leak-check scopes to leak_check"
@@ -319,15 +317,12 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self._unregister(entry)
         report = entry.report
         self.report = report
-        try:
-            if exc_type is not None:
-                # The traceback keeps the failing frames' locals alive: whatever is left would
-                # be noise, and the original error matters more.
-                report.aborted = f"{exc_type.__name__}: {exc}"
-                return False
-            Classifier(self, entry, survivors).run()
-        finally:
-            collector.close_freeze(entry.freeze)
+        if exc_type is not None:
+            # The traceback keeps the failing frames' locals alive: whatever is left would
+            # be noise, and the original error matters more.
+            report.aborted = f"{exc_type.__name__}: {exc}"
+            return False
+        Classifier(self, entry, survivors).run()
         report.finished = True
         if self.raise_on_leak and not report.warmup and report.exceeds_limit:
             raise LeakError(report)
