@@ -152,6 +152,8 @@ class Classifier:
             return "declared with torchmem.expect_alive"
         if identity in self.entry.returned:
             return "returned by the checked function"
+        if identity in self.entry.yielded:
+            return "yielded by the checked generator"
         if block["context"]:
             return torch_caches.reason(self._stack(block["context"]), block["requested_size"])
         return None
