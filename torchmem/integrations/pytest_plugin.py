@@ -258,9 +258,9 @@ def _options_for(item) -> CheckOptions:
         from torchmem.leaks import cycle_policy
         from torchmem._support.units import parse_bytes
 
-        warmup = kwargs.get("warmup", 0)
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (extra unchecked runs), got {warmup!r}")
+        from torchmem._support.validate import require_int
+
+        warmup = require_int(kwargs.get("warmup", 0), what="warmup", minimum=0, meaning="extra unchecked runs")
         return CheckOptions(
             enabled=bool(kwargs.get("enabled", True)),
             device=_resolve_device(kwargs.get("device", options.device)),
