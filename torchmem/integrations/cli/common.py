@@ -26,4 +26,7 @@ def check_writable(option: str, path: str, *, force: bool = False) -> str:
         raise UsageError(f"{option} {path}: the directory {directory} does not exist")
     if not os.access(directory, os.W_OK) or (os.path.exists(absolute) and not os.access(absolute, os.W_OK)):
         raise UsageError(f"{option} {path}: not writable")
+    if os.path.exists(absolute) and not force:
+        # memray's rule: an earlier run's report is never lost by accident.
+        raise UsageError(f"{option} {path}: the file exists; pass -f/--force to overwrite it")
     return absolute

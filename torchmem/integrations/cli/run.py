@@ -84,6 +84,20 @@ def add_parser(commands, prog: str) -> argparse.ArgumentParser:
         help="only the summary: no leak check (and no stack capture) while the script runs",
     )
     run.add_argument(
+        "--fail-on-leak",
+        action="store_true",
+        default=None,
+        help="exit with status 1 when the script leaked (and exited 0), for CI; the report is printed as usual "
+        "(also: TORCHMEM_FAIL_ON_LEAK=1)",
+    )
+    run.add_argument(
+        "-f", "--force", action="store_true", help="overwrite the --json / --snapshot files if they exist"
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="print nothing at exit unless there is something to act on: leaks, files written, problems",
+    )
+    run.add_argument(
         "--dist-timeout",
         metavar="SECONDS",
         type=argparse_seconds(),
@@ -157,9 +171,12 @@ def _install(device: str) -> list[str]:
 
 
 def execute(args: argparse.Namespace, prog: str) -> int:
+    from torchmem.integrations.runner import exit_status
     from torchmem.integrations.runner import target as _target_module
     from torchmem.integrations.runner.session import Session
 
+    # First, before torch is imported: its exit function must run after all others.
+    exit_status.arm()
     target = _target(args)
     job = _job_run(args)
     snapshot_arg, json_arg = args.snapshot, args.json
@@ -167,9 +184,16 @@ def execute(args: argparse.Namespace, prog: str) -> int:
         # One file per rank, the rank in its name; rank 0 also writes the combined JSON.
         snapshot_arg, json_arg = job.per_rank(args.snapshot), job.per_rank(args.json)
         if job.env.rank == 0 and args.json:
-            job.combined_json_path = check_writable("--json", args.json)
-    snapshot_path = check_writable("--snapshot", snapshot_arg) if snapshot_arg else None
-    json_path = check_writable("--json", json_arg) if json_arg else None
+            job.combined_json_path = check_writable("--json", args.json, force=args.force)
+    snapshot_path = check_writable("--snapshot", snapshot_arg, force=args.force) if snapshot_arg else None
+    json_path = check_writable("--json", json_arg, force=args.force) if json_arg else None
+    if args.fail_on_leak is None:
+        try:
+            args.fail_on_leak = exit_status.from_environment()
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    if args.fail_on_leak and args.no_leak_report:
+        raise UsageError("--fail-on-leak needs the leak report: drop --no-leak-report")
     if args.history_entries is not None and snapshot_path is None:
         raise UsageError("--history-entries only matters with --snapshot PATH")
     if target.script is not None and not os.path.isfile(target.script):
@@ -204,7 +228,8 @@ def execute(args: argparse.Namespace, prog: str) -> int:
         entries = _snapshot.DEFAULT_MAX_ENTRIES if args.history_entries is None else args.history_entries
         _snapshot.record_trace(entries)
     session = Session(
-        target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss, job=job
+        target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss, job=job,
+        fail_on_leak=args.fail_on_leak, quiet=args.quiet,
     )
     session.rank_label = getattr(args, "rank_label", "")
     # Registered before the script runs, so called after every atexit function it registers.

@@ -23,8 +23,10 @@ class Session:
 
     def __init__(
         self, target: Target, served: list[str], snapshot_path, json_path, *, leak_report: bool, rss: bool = False,
-        job=None,
+        job=None, fail_on_leak: bool = False, quiet: bool = False,
     ):
+        self.fail_on_leak = fail_on_leak  # exit status 1 when the script leaked (and exited 0)
+        self.quiet = quiet  # print only what needs action: the leaks, files written, problems
         self.job = job  # torchmem.distributed.launcher.RunJob when a launcher started many ranks
         self.rank_label = ""  # " (rank r of n)" when a launcher started this process
         self.target = target
@@ -98,11 +100,14 @@ class Session:
                 self._report = None
 
         label = self.target.label
-        lines = ["", "=" * 78, f"torchmem: {label}{self.rank_label} exited with code {self.exit_code}", ""]
-        lines.append(_summary.render(summary))
-        if self._report is not None:
+        leaked = self._report is not None and self._report.exceeds_limit
+        header = ["", "=" * 78, f"torchmem: {label}{self.rank_label} exited with code {self.exit_code}", ""]
+        lines = []
+        if not self.quiet:
+            lines.append(_summary.render(summary))
+        if self._report is not None and (leaked or not self.quiet):
             lines += ["", _leak_header(held_by_globals), self._report.render()]
-        if self._rss is not None:
+        if self._rss is not None and not self.quiet:
             at_exit, since_start = self._rss
             lines += ["", at_exit.render(), since_start.render(title="host memory of this process since the script started:")]
         if self.snapshot_path is not None:
@@ -120,13 +125,21 @@ class Session:
             except OSError as error:
                 problems.append(f"could not write the JSON report: {error}")
         lines += [f"torchmem: {problem}" for problem in problems]
+        if leaked and self.fail_on_leak and self.exit_code == 0:
+            from torchmem.integrations.runner import exit_status
+
+            exit_status.fail_with(1)
+            lines += ["", f"torchmem: exit code 1: the script leaked {_leaked_text(self._report)} (--fail-on-leak)"]
+        # Quiet and nothing to act on: nothing at all, as the script alone would print.
+        lines = header + lines if lines or not self.quiet else []
         local_text = "\n".join(lines)
         if self.job is not None:
             files = {"snapshot": self.snapshot_path, "json": self.json_path}
             self.job.finish(summary=summary, leak_report=self._report, exit_code=self.exit_code, files=files,
                             label=label, local_text=local_text)
             return
-        print(local_text, file=out)
+        if local_text:
+            print(local_text, file=out)
         out.flush()
 
     def _rss_at_exit(self):
@@ -195,6 +208,13 @@ def _trim_runner_frames(data: dict) -> None:
 
 def _allocated(summary: dict) -> int:
     return sum(device["allocated"]["current"] for device in summary["devices"].values())
+
+
+def _leaked_text(report) -> str:
+    from torchmem._support.units import format_bytes
+
+    blocks = len(report.leaked)
+    return f"{format_bytes(report.leaked_bytes)} in {blocks} block{'s' if blocks != 1 else ''}"
 
 
 def _leak_header(held_by_globals: int) -> str:
