@@ -11,6 +11,7 @@ last resort).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -198,6 +199,23 @@ def read_local_roots(frames: list, ignore: set) -> LocalRoots:
             if target is roots:
                 values.append((f"{function}():{name}", location, value))
     return LocalRoots(roots, runner, values)
+
+
+_LRU_CACHE_WRAPPER = getattr(functools, "_lru_cache_wrapper", ())
+_LEADS_TO_A_NAME = (type, types.ModuleType, types.FunctionType, types.CellType) + (
+    (_LRU_CACHE_WRAPPER,) if isinstance(_LRU_CACHE_WRAPPER, type) else ()
+)
+
+
+def leads_to_a_name(obj) -> bool:
+    """True for a referrer that is, or is one step from, a named root: a class, a module, a
+    function (globals, defaults, closure), a closure cell, an lru_cache wrapper, a module
+    global, a module's namespace, or a class's namespace (a dict with ``__module__``)."""
+    if isinstance(obj, _LEADS_TO_A_NAME):
+        return True
+    if type(obj) is dict:
+        return isinstance(obj.get("__module__"), str) or module_names.name_of(obj) is not None
+    return global_values.lookup(obj) is not None
 
 
 def is_runner_module(name: str) -> bool:

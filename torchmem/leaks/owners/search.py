@@ -159,6 +159,8 @@ def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, d
                 # The outermost object is held from outside what the collector tracks.
                 result.notes[key] = _UNREFERRED.format(type=fallback.path.split(">", 1)[0].lstrip("<"))
                 result.held_outside.add(key)
+            elif fallback is not None:
+                result.notes[key] = search.why_unnamed(key)
         result.owners[key] = owners
         if owners and all(owner.kind == "allowed" for owner in owners):
             result.allowed[key] = search.allowed_notes[key]

@@ -19,7 +19,7 @@ from collections import defaultdict
 from torchmem.leaks import collector
 from torchmem.leaks.owners.numpy_views import untracked_viewers
 from torchmem.leaks.owners.roots import (
-    LocalRoots, global_name, global_values, is_own_file, is_runner_module, module_names,
+    LocalRoots, global_name, global_values, is_own_file, is_runner_module, leads_to_a_name, module_names,
 )
 from torchmem.leaks.paths import Owner, edge_labels, render_path
 
@@ -31,6 +31,9 @@ _SMALL_FRONTIER = 48
 _MAX_FRONTIER_PER_BLOCK = 400
 _MAX_FROZEN_DEPTH = 64  # levels of the walk through objects made during the check
 _MAX_REFERRERS_PER_OBJECT = 64
+# ... of which at most this many of one type: an object referred to by many of its peers
+# (parent pointers, instances sharing a dict) keeps room for the one referrer that differs.
+_MAX_REFERRERS_OF_ONE_TYPE = 16
 
 
 # References to a candidate that the pass itself holds when _only_this_pass_holds asks:
@@ -112,6 +115,10 @@ class UpwardSearch:
                     hops[id(obj)] = 0
                     frontier.append(id(obj))
         self.stopped_early = False
+        # Why the walk stopped short, for the report of a block left without a named root:
+        # block key -> {"depth", "time", "frontier"}, and node id -> referrers not followed.
+        self.stops: dict = defaultdict(set)
+        self.dropped: dict[int, int] = defaultdict(int)
 
     def run(self) -> None:
         for key, frontier in self.frontiers.items():
@@ -151,9 +158,12 @@ class UpwardSearch:
             # per reference.
             if not frozen:
                 active = self._within_budget(active)
-            if not active or (not frozen and whole_heap_levels >= 2 * self.max_depth) \
-                    or depth >= _MAX_FROZEN_DEPTH or time.monotonic() > self.deadline:
+            out_of_depth = (not frozen and whole_heap_levels >= 2 * self.max_depth) or depth >= _MAX_FROZEN_DEPTH
+            out_of_time = time.monotonic() > self.deadline
+            if not active or out_of_depth or out_of_time:
                 self.stopped_early = True
+                for key in active:
+                    self.stops[key].add("time" if out_of_time else "depth")
                 return
             whole_heap_levels += 0 if frozen else 1
             union: dict[int, object] = {}
@@ -164,7 +174,9 @@ class UpwardSearch:
             if frozen:
                 for key in active:
                     for node in self.frontiers[key]:
-                        if node in self.hidden or not referrers.get(node):
+                        # Older objects may hold it too (hidden), or referrers were
+                        # dropped by the caps: the pass over the whole heap looks again.
+                        if node in self.hidden or not referrers.get(node) or self.dropped.get(node):
                             escapes[key].append(node)
             del union
             depth += 1
@@ -229,6 +241,7 @@ class UpwardSearch:
                         if hops[node] < self.max_depth or isinstance(self.nodes[node], dict)]
             if len(frontier) < len(self.frontiers[key]):
                 self.stopped_early = True
+                self.stops[key].add("depth")
             self.frontiers[key] = frontier
             if frontier:
                 kept.append(key)
@@ -278,6 +291,9 @@ class UpwardSearch:
         objects: all to ``references``, those from objects that are not the search's own
         to ``by_child``. Returns the ids of the candidates counted."""
         counted: set[int] = set()
+        # Referrers kept per child and type: beyond the caps, those that lead to a name (a
+        # class, a module, a function, a cell, a module global) are kept all the same.
+        of_type: dict[tuple, int] = defaultdict(int)
         for parent in candidates:
             parent_id = id(parent)
             if parent_id in skip:
@@ -294,10 +310,14 @@ class UpwardSearch:
                 if child_id in frontier:
                     references[child_id] += 0 if transient else 1
                     if not own:
-                        if len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT:
+                        kind = (child_id, type(parent))
+                        if (len(by_child[child_id]) < _MAX_REFERRERS_PER_OBJECT
+                                and of_type[kind] < _MAX_REFERRERS_OF_ONE_TYPE) or leads_to_a_name(parent):
                             by_child[child_id].append(parent)
+                            of_type[kind] += 1
                         else:
                             self.stopped_early = True  # a referrer was dropped
+                            self.dropped[child_id] += 1
             child = None
         parent = candidates = None
         return counted
@@ -329,6 +349,7 @@ class UpwardSearch:
                 parent_hops = hops[child_id] + (0 if not whole_heap or _holds_as_its_dict(parent, child) else 1)
                 if parent_hops > self.max_depth:
                     self.stopped_early = True  # beyond the depth budget: not reached
+                    self.stops[key].add("depth")
                     continue
                 self.nodes[parent_id] = parent
                 down[parent_id] = (child_id, (), depth)
@@ -344,6 +365,7 @@ class UpwardSearch:
                     next_frontier.append(parent_id)
                 else:
                     self.stopped_early = True  # a path was dropped: the walk is not exhaustive
+                    self.stops[key].add("frontier")
         return next_frontier
 
     def _labels_below(self, key, node_id: int) -> list[tuple]:
@@ -438,6 +460,29 @@ class UpwardSearch:
             return None  # nothing in Python refers to the objects that use the block
         obj = self.nodes[deepest]
         return Owner(render_path(f"<{type(obj).__name__}>", self._labels_below(key, deepest)), "unnamed")
+
+    def why_unnamed(self, key) -> str:
+        """Why the walk found no named root above a block's outermost holder: the budget
+        that stopped it, or that it followed every referrer."""
+        down = self.down[key]
+        top = type(self.nodes[self._deepest(key)]).__name__
+        reasons = self.stops.get(key, set())
+        dropped = [(self.dropped[node], node) for node in down if self.dropped.get(node)]
+        if "time" in reasons:
+            why = "the walk ran out of its time budget"
+        elif "depth" in reasons:
+            why = f"the walk stopped at its depth budget ({self.max_depth} references above the tensor)"
+        elif dropped:
+            count, node = max(dropped)
+            followed = len([1 for entry in down.values() if entry[0] == node])
+            why = (f"a {type(self.nodes[node]).__name__} on the path is referred to by {count + followed} objects "
+                   f"or more, and the {followed} the walk followed lead to no name")
+        elif "frontier" in reasons:
+            why = f"more than {_MAX_FRONTIER_PER_BLOCK} objects held the path at one level, and the walk followed that many"
+        else:
+            why = ("every object that refers to it was followed, and only objects on the path (a reference cycle) or "
+                   "torchmem's own do: garbage not yet collected, or a cycle that something outside Python's view keeps")
+        return f"no named root above the topmost holder reached, a {top}: {why}"
 
     def held_outside(self, key) -> bool:
         """True when the walk reached an object held from outside what the collector tracks
