@@ -77,7 +77,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "torchmem/backends/controlled_backend.h"
+#include "doubles/controlled_backend.h"
 #include "torchmem/core/engine.h"
 #include "trace_csv.h"
 

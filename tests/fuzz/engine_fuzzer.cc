@@ -61,8 +61,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/cpp/support/live_block_model.h"
-#include "torchmem/backends/controlled_backend.h"
-#include "torchmem/backends/fault_injecting_backend.h"
+#include "doubles/controlled_backend.h"
+#include "doubles/fault_injecting_backend.h"
 #include "torchmem/core/attribution.h"
 #include "torchmem/core/engine.h"
 

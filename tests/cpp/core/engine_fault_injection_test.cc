@@ -31,8 +31,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/cpp/support/live_block_model.h"
-#include "torchmem/backends/controlled_backend.h"
-#include "torchmem/backends/fault_injecting_backend.h"
+#include "doubles/controlled_backend.h"
+#include "doubles/fault_injecting_backend.h"
 #include "torchmem/backends/host_backend.h"
 #include "torchmem/core/engine.h"
 

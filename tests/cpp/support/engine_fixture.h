@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "torchmem/backends/controlled_backend.h"
-#include "torchmem/backends/fault_injecting_backend.h"
+#include "doubles/controlled_backend.h"
+#include "doubles/fault_injecting_backend.h"
 #include "torchmem/core/engine.h"
 #include "torchmem/core/warnings.h"
 

@@ -1,4 +1,4 @@
-#include "torchmem/backends/fault_injecting_backend.h"
+#include "doubles/fault_injecting_backend.h"
 
 #include <cstdio>
 #include <cstdlib>

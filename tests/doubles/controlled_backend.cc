@@ -1,4 +1,4 @@
-#include "torchmem/backends/controlled_backend.h"
+#include "doubles/controlled_backend.h"
 
 #include <sys/mman.h>
 

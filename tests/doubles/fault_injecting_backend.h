@@ -27,8 +27,8 @@
 //   - the same seed and the same sequence of calls give the same failures.
 // Thread-safe: controls and observations may be used while an engine calls
 // the backend. The wrapped backend is called without the decorator's lock.
-#ifndef TORCHMEM_BACKENDS_FAULT_INJECTING_BACKEND_H_
-#define TORCHMEM_BACKENDS_FAULT_INJECTING_BACKEND_H_
+#ifndef TORCHMEM_TESTS_DOUBLES_FAULT_INJECTING_BACKEND_H_
+#define TORCHMEM_TESTS_DOUBLES_FAULT_INJECTING_BACKEND_H_
 
 #include <array>
 #include <cstddef>
@@ -184,4 +184,4 @@ class FaultInjectingBackend final : public Backend {
 
 }  // namespace torchmem
 
-#endif  // TORCHMEM_BACKENDS_FAULT_INJECTING_BACKEND_H_
+#endif  // TORCHMEM_TESTS_DOUBLES_FAULT_INJECTING_BACKEND_H_
