@@ -482,7 +482,7 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size,
   tag.current_requested_bytes -= static_cast<std::int64_t>(block->requested_size);
   --tag.live_blocks;
 
-  if (ABSL_PREDICT_FALSE(!block->stream_uses.empty())) {
+  if (ABSL_PREDICT_FALSE(block->HasStreamUses())) {
     block->state = BlockState::kPendingFree;
     if (CaptureUnderwayLocked()) {
       // No event may be recorded or queried now; wait for the capture to end.
@@ -490,7 +490,7 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size,
       return absl::OkStatus();
     }
     RecordPendingEvents(block);
-    if (block->pending_events == 0) MakeReusable(block);
+    if (block->pending_events() == 0) MakeReusable(block);
     return absl::OkStatus();
   }
   MakeReusable(block);
@@ -508,8 +508,7 @@ void Engine::MakeReusable(Block* block) {
   stats_.active_bytes.Decrease(pool, static_cast<std::int64_t>(block->size));
   stats_.requested_bytes.Decrease(pool, static_cast<std::int64_t>(block->requested_size));
   block->state = BlockState::kFree;
-  block->stream_uses.clear();
-  block->capture_stream_uses.clear();
+  block->uses.reset();
   if (ABSL_PREDICT_FALSE(block->segment->vmm)) ReleasePages(block);
   AddInactiveSplit(block);
   InsertMerged(block);
@@ -749,9 +748,9 @@ ScopeBlocks* Engine::ScopeListFor(ScopeId scope) {
 
 void Engine::LinkToScope(Block* block, ScopeBlocks* list) {
   block->scope_list = list;
-  block->scope_prev = nullptr;
-  block->scope_next = list->head;
-  if (list->head != nullptr) list->head->scope_prev = block;
+  block->list_prev = nullptr;
+  block->list_next = list->head;
+  if (list->head != nullptr) list->head->list_prev = block;
   list->head = block;
   ++list->blocks;
 }
@@ -759,14 +758,14 @@ void Engine::LinkToScope(Block* block, ScopeBlocks* list) {
 void Engine::UnlinkFromScope(Block* block) {
   ScopeBlocks* list = block->scope_list;
   if (list == nullptr) return;
-  if (block->scope_prev != nullptr) {
-    block->scope_prev->scope_next = block->scope_next;
+  if (block->list_prev != nullptr) {
+    block->list_prev->list_next = block->list_next;
   } else {
-    list->head = block->scope_next;
+    list->head = block->list_next;
   }
-  if (block->scope_next != nullptr) block->scope_next->scope_prev = block->scope_prev;
+  if (block->list_next != nullptr) block->list_next->list_prev = block->list_prev;
   block->scope_list = nullptr;
-  block->scope_prev = block->scope_next = nullptr;
+  block->list_prev = block->list_next = nullptr;
   --list->blocks;
 }
 
@@ -825,11 +824,11 @@ ScopeSurvivors Engine::CollectScope(ScopeId scope, ScopeId parent) {
   if (last_scope_ == list.get()) last_scope_ = nullptr;
   ScopeBlocks* target = parent == kNoScope ? nullptr : ScopeListFor(parent);
   for (Block* block = list->head; block != nullptr;) {
-    Block* next = block->scope_next;
+    Block* next = block->list_next;
     (block->state == BlockState::kAllocated ? survivors.allocated : survivors.pending)
         .push_back(DescribeBlock(*block));
     block->scope_list = nullptr;
-    block->scope_prev = block->scope_next = nullptr;
+    block->list_prev = block->list_next = nullptr;
     if (target != nullptr) LinkToScope(block, target);
     block = next;
   }

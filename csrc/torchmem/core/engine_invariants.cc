@@ -163,7 +163,7 @@ absl::Status Engine::CheckInvariants() const {
       }
       switch (block->state) {
         case BlockState::kAllocated: {
-          if (block->index != FreeIndex::kNone || block->pending_events != 0) {
+          if (block->index != FreeIndex::kNone || block->pending_events() != 0) {
             return Violation(absl::StrFormat("allocated block %#x is indexed or pending",
                                              block->address));
           }
@@ -186,11 +186,11 @@ absl::Status Engine::CheckInvariants() const {
           }
           if (deferred.contains(block)) {
             ++recount.deferred;
-            if (block->pending_events != 0) {
+            if (block->pending_events() != 0) {
               return Violation(absl::StrFormat("deferred block %#x already has events",
                                                block->address));
             }
-          } else if (block->pending_events <= 0) {
+          } else if (block->pending_events() <= 0) {
             return Violation(absl::StrFormat("pending block %#x has no events and is not "
                                              "deferred", block->address));
           }
@@ -198,7 +198,7 @@ absl::Status Engine::CheckInvariants() const {
           recount.stats.active_bytes.Increase(pool, bytes);
           recount.stats.requested_bytes.Increase(pool,
                                                  static_cast<std::int64_t>(block->requested_size));
-          recount.pending_events += static_cast<std::size_t>(block->pending_events);
+          recount.pending_events += static_cast<std::size_t>(block->pending_events());
           break;
         case BlockState::kFree: {
           ++recount.free_blocks;
@@ -366,7 +366,7 @@ absl::Status Engine::CheckInvariants() const {
                                        list->blocks, linked));
     }
     std::int64_t walked = 0;
-    for (const Block* block = list->head; block != nullptr; block = block->scope_next) {
+    for (const Block* block = list->head; block != nullptr; block = block->list_next) {
       if (block->scope_list != list.get() || block->state == BlockState::kFree) {
         return Violation(absl::StrFormat("scope %d links a free or foreign block %#x", scope,
                                          block->address));

@@ -246,7 +246,7 @@ absl::StatusOr<CheckpointRestore> Engine::RestorePoolCheckpoint(
     if (segment->owner != pool) continue;
     pool_segments.push_back(segment.get());
     for (const Block* block = segment->first; block != nullptr; block = block->next) {
-      if (block->state == BlockState::kPendingFree || !block->stream_uses.empty()) {
+      if (block->state == BlockState::kPendingFree || block->HasStreamUses()) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "torchmem: block %#x of private pool %s on %s is used on other streams; "
             "synchronize before restoring the pool",

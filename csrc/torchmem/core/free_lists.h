@@ -82,7 +82,7 @@ class FreeLists {
     for (std::size_t chunk = 0; chunk < chunks_.size(); ++chunk) {
       if (chunks_[chunk] == nullptr) continue;
       for (Block* head : *chunks_[chunk]) {
-        for (Block* block = head; block != nullptr; block = block->cache_next) fn(block);
+        for (Block* block = head; block != nullptr; block = block->list_next) fn(block);
       }
     }
     for (Block* block : oversized_) fn(block);
@@ -96,7 +96,7 @@ class FreeLists {
   void ForEachFreeAtLeast(std::size_t size, Fn fn) const {
     for (std::size_t cls = FirstNonEmptyFrom(std::min(ClassOf(size), kClassCount - 1));
          cls < kClassCount; cls = cls + 1 < kClassCount ? FirstNonEmptyFrom(cls + 1) : kClassCount) {
-      for (Block* block = HeadOrNull(cls); block != nullptr; block = block->cache_next) {
+      for (Block* block = HeadOrNull(cls); block != nullptr; block = block->list_next) {
         if (block->size >= size) fn(block);
       }
     }
@@ -112,9 +112,8 @@ class FreeLists {
 
   // Among blocks of equal size: true if `a` is handed out before `b`.
   static bool PlacedBefore(const Block* a, const Block* b) {
-    const std::uint64_t age_a = a->segment->registration;
-    const std::uint64_t age_b = b->segment->registration;
-    return age_a != age_b ? age_a < age_b : a->address < b->address;
+    return a->registration != b->registration ? a->registration < b->registration
+                                              : a->address < b->address;
   }
   // Orders by size, then PlacedBefore; transparent so best fit can probe
   // with a bare size, which orders before every block of that size.
