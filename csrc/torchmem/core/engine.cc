@@ -785,6 +785,8 @@ void Engine::RemoveInactiveSplit(const Block* block) {
 
 void Engine::ApplyInactiveSplitChange(PoolKind pool) {
   InactiveSplitChange& change = inactive_split_change_[static_cast<int>(pool)];
+  // Most operations change nothing here (an exact-size block reused whole).
+  if (change.blocks == 0 && change.bytes == 0) return;
   if (change.blocks > 0) stats_.inactive_split.Increase(pool, change.blocks);
   if (change.blocks < 0) stats_.inactive_split.Decrease(pool, -change.blocks);
   if (change.bytes > 0) stats_.inactive_split_bytes.Increase(pool, change.bytes);

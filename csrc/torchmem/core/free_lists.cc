@@ -9,6 +9,10 @@ FreeLists::FreeLists(std::size_t unit) : unit_shift_(std::countr_zero(unit)) {
   assert(std::has_single_bit(unit));
 }
 
+void FreeLists::NewChunk(std::unique_ptr<Chunk>& chunk) {
+  chunk = std::make_unique<Chunk>(Chunk{});
+}
+
 void FreeLists::SetBit(std::size_t cls) {
   const std::size_t word = cls / 64;
   bits_[word] |= std::uint64_t{1} << (cls % 64);

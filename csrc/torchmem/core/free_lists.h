@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/base/attributes.h"
 #include "absl/container/btree_set.h"
 #include "torchmem/core/block.h"
 
@@ -132,9 +133,11 @@ class FreeLists {
   std::size_t ClassOf(std::size_t size) const { return size >> unit_shift_; }
   Block*& Head(std::size_t cls) {
     std::unique_ptr<Chunk>& chunk = chunks_[cls / kClassesPerChunk];
-    if (chunk == nullptr) [[unlikely]] chunk = std::make_unique<Chunk>(Chunk{});
+    if (chunk == nullptr) [[unlikely]] NewChunk(chunk);
     return (*chunk)[cls % kClassesPerChunk];
   }
+  // Out of line, so that Head stays small enough to inline on the hot path.
+  ABSL_ATTRIBUTE_NOINLINE static void NewChunk(std::unique_ptr<Chunk>& chunk);
   Block* HeadOrNull(std::size_t cls) const {
     const std::unique_ptr<Chunk>& chunk = chunks_[cls / kClassesPerChunk];
     return chunk == nullptr ? nullptr : (*chunk)[cls % kClassesPerChunk];
