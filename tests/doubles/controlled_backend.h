@@ -62,7 +62,7 @@ class ControlledBackend final : public Backend {
   std::size_t live_segment_bytes() const;
   std::int64_t live_segments() const;
   std::int64_t live_events() const;
-  std::int64_t live_pages() const;     // physical pages created, not released
+  std::int64_t live_pages() const;  // physical pages created, not released
   std::int64_t mapped_pages() const;
   std::int64_t reserved_ranges() const;
 

@@ -75,19 +75,30 @@ inline constexpr std::array<BackendCall, 7> kSegmentBackendCalls = {
 };
 // The virtual-memory calls (the virtual-memory placement makes these too).
 inline constexpr std::array<BackendCall, 8> kVirtualMemoryBackendCalls = {
-    BackendCall::kVirtualMemoryPageSize, BackendCall::kReserveAddressRange,
-    BackendCall::kReleaseAddressRange,   BackendCall::kCreatePhysicalPage,
-    BackendCall::kReleasePhysicalPage,   BackendCall::kMapPage,
-    BackendCall::kSetAccess,             BackendCall::kUnmapPages,
+    BackendCall::kVirtualMemoryPageSize,
+    BackendCall::kReserveAddressRange,
+    BackendCall::kReleaseAddressRange,
+    BackendCall::kCreatePhysicalPage,
+    BackendCall::kReleasePhysicalPage,
+    BackendCall::kMapPage,
+    BackendCall::kSetAccess,
+    BackendCall::kUnmapPages,
 };
 inline constexpr std::array<BackendCall, kNumBackendCalls> kAllBackendCalls = {
-    BackendCall::kAllocateSegment,       BackendCall::kReleaseSegment,
-    BackendCall::kCapacity,              BackendCall::kCheckSegmentAllocationAllowed,
-    BackendCall::kRecordEvent,           BackendCall::kQueryEvent,
-    BackendCall::kSynchronizeEvent,      BackendCall::kVirtualMemoryPageSize,
-    BackendCall::kReserveAddressRange,   BackendCall::kReleaseAddressRange,
-    BackendCall::kCreatePhysicalPage,    BackendCall::kReleasePhysicalPage,
-    BackendCall::kMapPage,               BackendCall::kSetAccess,
+    BackendCall::kAllocateSegment,
+    BackendCall::kReleaseSegment,
+    BackendCall::kCapacity,
+    BackendCall::kCheckSegmentAllocationAllowed,
+    BackendCall::kRecordEvent,
+    BackendCall::kQueryEvent,
+    BackendCall::kSynchronizeEvent,
+    BackendCall::kVirtualMemoryPageSize,
+    BackendCall::kReserveAddressRange,
+    BackendCall::kReleaseAddressRange,
+    BackendCall::kCreatePhysicalPage,
+    BackendCall::kReleasePhysicalPage,
+    BackendCall::kMapPage,
+    BackendCall::kSetAccess,
     BackendCall::kUnmapPages,
 };
 

@@ -58,8 +58,8 @@ struct Segment {
   std::size_t size = 0;
   PoolKind pool = PoolKind::kSmall;
   StreamId stream = 0;
-  Block* first = nullptr;        // block at `address`
-  FreeLists* lists = nullptr;    // free lists of (private pool, stream, pool kind)
+  Block* first = nullptr;               // block at `address`
+  FreeLists* lists = nullptr;           // free lists of (private pool, stream, pool kind)
   StreamLists* stream_lists = nullptr;  // the lists' owner (counts its segments)
   // The private pool whose blocks this segment holds; nullptr: the default
   // pool. A private pool's blocks are only ever handed to allocations routed
@@ -71,7 +71,7 @@ struct Segment {
   // Of the allocation that created it, until a block is split off it (then
   // kNoContext: see Engine::SplitBlock).
   ContextId context = kNoContext;
-  bool counted_oversize = false;   // in stats' oversize_segments
+  bool counted_oversize = false;  // in stats' oversize_segments
   // A virtual-memory range (see vmm_space.h) rather than a segment of
   // PyTorch's kind: `size` bytes of address space reserved once, covered by
   // blocks as any segment, of which only `mapped_pages` pages hold physical

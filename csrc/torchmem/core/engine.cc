@@ -52,8 +52,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
     MutexLock lock(&mutex_);
     policy_ = options.policy;
     policy_.Refresh();
-    stats_.max_split_size = policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size)
-                                                  : -1;
+    stats_.max_split_size =
+        policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size) : -1;
     memory_limit_ = options.memory_limit_bytes;
     gc_threshold_ = options.garbage_collection_threshold;
   }
@@ -137,8 +137,7 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
 }
 
 absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
-                                              const Attribution& attribution,
-                                              ContextId context) {
+                                              const Attribution& attribution, ContextId context) {
   if (ABSL_PREDICT_FALSE(outstanding_events_ > 0 || !deferred_until_no_capture_.empty())) {
     ProcessEventsLocked();
   }
@@ -208,9 +207,8 @@ Block* Engine::TakeCachedBlock(FreeLists& lists, std::size_t rounded) {
   return block;
 }
 
-absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool,
-                                          StreamId stream, PrivatePool* owner,
-                                          ContextId context) {
+absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool, StreamId stream,
+                                          PrivatePool* owner, ContextId context) {
   const std::size_t segment_size = policy_.SegmentSizeFor(rounded_size);
   if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(stream); !allowed.ok()) {
     return allowed;
@@ -246,10 +244,10 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
       if (!address.ok() && !reclaimed.ok()) {
         // Say why the cache could not make room, or the error would blame a
         // full device while the cache still holds the memory.
-        address = absl::Status(address.status().code(),
-                               absl::StrCat(address.status().message(),
-                                            "; the cache could not make room first: ",
-                                            reclaimed.message()));
+        address = absl::Status(
+            address.status().code(),
+            absl::StrCat(address.status().message(),
+                         "; the cache could not make room first: ", reclaimed.message()));
       }
     }
   }
@@ -279,7 +277,7 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   if (owner != nullptr) {
     ++owner->segments;
     stats_.reserved_bytes_by_private_pools[{owner->id.first, owner->id.second}].Increase(pool,
-                                                                                      bytes);
+                                                                                         bytes);
   }
   if (ABSL_PREDICT_FALSE(policy_.IsOversize(segment_size))) {
     segment->counted_oversize = true;
@@ -293,11 +291,9 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   return block;
 }
 
-absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
-                                                       StreamId stream) {
+absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size, StreamId stream) {
   const std::int64_t reserved = stats_.reserved_bytes.all().current;
-  if (memory_limit_ != 0 &&
-      static_cast<std::size_t>(reserved) + segment_size > memory_limit_) {
+  if (memory_limit_ != 0 && static_cast<std::size_t>(reserved) + segment_size > memory_limit_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "a new %s segment would take reserved memory to %s, over the memory limit of %s",
         FormatBytes(static_cast<std::int64_t>(segment_size)),
@@ -307,9 +303,9 @@ absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
   absl::StatusOr<std::uintptr_t> address = backend_->AllocateSegment(segment_size, stream);
   if (address.ok() && *address % policy_.min_block_size != 0) {
     (void)backend_->ReleaseSegment(*address, segment_size);
-    return absl::InternalError(absl::StrFormat(
-        "backend %s returned a segment at %#x, not aligned to %d bytes", device_name_, *address,
-        policy_.min_block_size));
+    return absl::InternalError(
+        absl::StrFormat("backend %s returned a segment at %#x, not aligned to %d bytes",
+                        device_name_, *address, policy_.min_block_size));
   }
   return address;
 }
@@ -545,8 +541,8 @@ void Engine::SetMemoryLimit(std::size_t bytes) {
 
 absl::Status Engine::SetMemoryFraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "torchmem: memory fraction must be in (0, 1], got %g", fraction));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("torchmem: memory fraction must be in (0, 1], got %g", fraction));
   }
   MutexLock lock(&mutex_);
   absl::StatusOr<std::size_t> capacity = backend_->Capacity();
@@ -592,9 +588,8 @@ SizePolicy Engine::policy() const {
 
 // --- tracing ----------------------------------------------------------------
 
-void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size,
-                   StreamId stream, ContextId context, const PrivatePool* pool,
-                   TraceLabel user_metadata) {
+void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
+                   ContextId context, const PrivatePool* pool, TraceLabel user_metadata) {
   TraceEntry entry;
   entry.action = action;
   entry.address = address;
@@ -649,8 +644,8 @@ std::vector<TraceEntry> Engine::GetTrace() const {
 void Engine::RecordSnapshotEvent() {
   MutexLock lock(&mutex_);
   if (Tracing()) {
-    Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current),
-          0, kNoContext, nullptr);
+    Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current), 0,
+          kNoContext, nullptr);
   }
 }
 
@@ -659,9 +654,9 @@ absl::Status Engine::RecordAnnotation(const void* ptr, TraceLabel label) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = blocks_.find(address);
   if (it == blocks_.end() || it->second->state != BlockState::kAllocated) {
-    return absl::NotFoundError(absl::StrFormat(
-        "torchmem: cannot annotate %#x: no allocated block starts there on %s", address,
-        device_name_));
+    return absl::NotFoundError(
+        absl::StrFormat("torchmem: cannot annotate %#x: no allocated block starts there on %s",
+                        address, device_name_));
   }
   if (Tracing()) {
     const Block* block = it->second;

@@ -34,8 +34,8 @@
 //
 // Invariants: each free block is in exactly one place (its class list, the
 // oversized set or the range-tail slot; at most one tail per lists: one
-// range per (stream, pool), another tail goes to the set); a class's bit is set iff its list is non-empty; a summary
-// bit is set iff its bitmap word is non-zero. Not thread-safe: the engine's
+// range per (stream, pool), another tail goes to the set); a class's bit is set iff its list is
+// non-empty; a summary bit is set iff its bitmap word is non-zero. Not thread-safe: the engine's
 // lock guards it.
 #ifndef TORCHMEM_CORE_FREE_LISTS_H_
 #define TORCHMEM_CORE_FREE_LISTS_H_
@@ -96,7 +96,8 @@ class FreeLists {
   template <typename Fn>
   void ForEachFreeAtLeast(std::size_t size, Fn fn) const {
     for (std::size_t cls = FirstNonEmptyFrom(std::min(ClassOf(size), kClassCount - 1));
-         cls < kClassCount; cls = cls + 1 < kClassCount ? FirstNonEmptyFrom(cls + 1) : kClassCount) {
+         cls < kClassCount;
+         cls = cls + 1 < kClassCount ? FirstNonEmptyFrom(cls + 1) : kClassCount) {
       for (Block* block = HeadOrNull(cls); block != nullptr; block = block->list_next) {
         if (block->size >= size) fn(block);
       }
@@ -107,8 +108,8 @@ class FreeLists {
 
  private:
   static constexpr std::size_t kClassesPerChunk = 64;
-  static constexpr std::size_t kWords = kClassCount / 64;         // level-1 bitmap words
-  static constexpr std::size_t kSummaryWords = kWords / 64;       // level-0 summary words
+  static constexpr std::size_t kWords = kClassCount / 64;    // level-1 bitmap words
+  static constexpr std::size_t kSummaryWords = kWords / 64;  // level-0 summary words
   using Chunk = std::array<Block*, kClassesPerChunk>;
 
   // Among blocks of equal size: true if `a` is handed out before `b`.
@@ -133,7 +134,8 @@ class FreeLists {
   std::size_t ClassOf(std::size_t size) const { return size >> unit_shift_; }
   Block*& Head(std::size_t cls) {
     std::unique_ptr<Chunk>& chunk = chunks_[cls / kClassesPerChunk];
-    if (chunk == nullptr) [[unlikely]] NewChunk(chunk);
+    if (chunk == nullptr) [[unlikely]]
+      NewChunk(chunk);
     return (*chunk)[cls % kClassesPerChunk];
   }
   // Out of line, so that Head stays small enough to inline on the hot path.

@@ -31,9 +31,8 @@ class ABSL_LOCKABLE Mutex {
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
     int unlocked = kUnlocked;
-    if (ABSL_PREDICT_TRUE(word_.compare_exchange_strong(unlocked, kLocked,
-                                                        std::memory_order_acquire,
-                                                        std::memory_order_relaxed))) {
+    if (ABSL_PREDICT_TRUE(word_.compare_exchange_strong(
+            unlocked, kLocked, std::memory_order_acquire, std::memory_order_relaxed))) {
       return;
     }
     LockContended();

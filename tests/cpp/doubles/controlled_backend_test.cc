@@ -3,8 +3,8 @@
 #include <memory>
 
 #include "absl/strings/match.h"
-#include "gtest/gtest.h"
 #include "doubles/fault_injecting_backend.h"
+#include "gtest/gtest.h"
 
 namespace torchmem {
 namespace {
