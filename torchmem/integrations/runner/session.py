@@ -56,6 +56,11 @@ class Session:
         if self.growth is not None:
             self.growth.start()
 
+    @property
+    def main_file(self) -> str | None:
+        """The file of the script's code (its ``<module>`` frame), for the import-time check."""
+        return None if self.module is None else self.module.__dict__.get("__file__")
+
     def watch(self, module: types.ModuleType) -> None:
         """Called with the script's ``__main__`` module before it runs: its globals are
         released before the leak report."""
@@ -103,6 +108,10 @@ class Session:
             except RuntimeError as error:  # e.g. the script left a leak_check of its own open
                 problems.append(f"no leak report: {error}")
                 self._report = None
+            if self._report is not None:
+                from torchmem.integrations.runner import import_time
+
+                self._report = import_time.classify(self._report, self.main_file)
 
         label = self.target.label
         leaked = self._report is not None and self._report.exceeds_limit
