@@ -121,10 +121,11 @@ class CollectiveLeakReport:
     groups, the rank's rendered report in ``text``) and ``error`` (what its code raised, or None).
     """
 
-    def __init__(self, site: str, entry: int, outcomes: list[dict]):
-        self.site = site
+    def __init__(self, site: str, entry: int, outcomes: list[dict], label: str | None = None):
+        self.site = site  # where the check was left (file:line outside torchmem)
         self.entry = entry
         self.outcomes = outcomes
+        self.label = label  # what the check was for (the pytest node id), when given
 
     @property
     def world_size(self) -> int:
@@ -159,7 +160,8 @@ class CollectiveLeakReport:
 
     def render(self) -> str:
         """The same text on every rank: which ranks leaked, then each one's findings."""
-        head = f"torchmem.distributed.leak_check (entered at {self.site}, entry {self.entry}, {self.world_size} ranks): "
+        where = f"for {self.label}" if self.label else f"exited at {self.site}, entry {self.entry}"
+        head = f"torchmem.distributed.leak_check ({where}, {self.world_size} ranks): "
         leaked = self.leaked_ranks
         clean = [rank for rank in range(self.world_size) if rank not in leaked and rank not in self.failures]
         if self.failures:
@@ -190,6 +192,7 @@ class CollectiveLeakReport:
     def to_dict(self) -> dict:
         return {
             "site": self.site,
+            "label": self.label,
             "entry": self.entry,
             "world_size": self.world_size,
             "leaked_ranks": self.leaked_ranks,
@@ -290,7 +293,7 @@ class leak_check(torchmem.leak_check):  # noqa: N801 - used like a function, as 
             "leaks": None if report is None or failure is not None else _payload.compact_leaks(report),
         }
         outcomes = _exchange(info, what, outcome, self.timeout)
-        job = self.job = CollectiveLeakReport(site, self.entries, outcomes)
+        job = self.job = CollectiveLeakReport(site, self.entries, outcomes, self.label)
         failures = job.failures
         if failure is not None:
             others = [rank for rank in failures if rank != info.rank]
