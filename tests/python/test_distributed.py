@@ -220,12 +220,22 @@ def test_the_pytest_fixture_fails_a_test_whose_process_group_leaked_on_one_rank(
         @pytest.mark.torchmem(allow_tags=("logging",))
         def test_allowed(torchmem_distributed):
             torchmem_distributed.spawn(distributed_ranks.leak_on_rank_1, world_size=2)
+
+        def test_appends_to_its_argument(torchmem_distributed):
+            torchmem_distributed.spawn(distributed_ranks.append_to_argument, world_size=2, args=([],))
+
+        @pytest.mark.torchmem(cycles="always")
+        def test_a_cycle_counts_under_cycles_always(torchmem_distributed):
+            torchmem_distributed.spawn(distributed_ranks.cycle_on_rank_1, world_size=2)
         """
     )
     result = pytester.runpytest_subprocess("-p", "torchmem.integrations.pytest_plugin", "-p", "no:cacheprovider",
                                            timeout=TIMEOUT)
-    result.assert_outcomes(passed=1, failed=1)
+    # The marker's options (cycles, allow_arguments) reach every rank's check.
+    result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["*test_leaky_rank*", "*rank 1 leaked 16.0 KiB in 1 block (rank 0: no leaks)*"])
+    result.stdout.fnmatch_lines(["*test_a_cycle_counts_under_cycles_always*", "*rank 1 leaked 16.0 KiB*"])
+    assert "test_appends_to_its_argument" not in "".join(line for line in result.stdout.lines if "FAILED" in line)
 
 
 # --- the pieces, without processes -----------------------------------------------------------
