@@ -67,6 +67,11 @@ def test_run_writes_a_capture_named_after_the_script_and_its_pid_by_default(runs
     sites = {site.source: site.live_bytes for site in capture.sites("cpu")}
     assert sites['HISTORY.append(torch.zeros(4096))  # 16 KiB a step, kept'] == 3 * 16384
     assert sites["model = torch.nn.Linear(64, 64)"] == 64 * 64 * 4 + 64 * 4
+    # Stacks end at the script's <module> frame, as under python train.py: torchmem run's own
+    # frames are cut.
+    outermost = {capture.stack(stack)[-1]["filename"] + ":" + capture.stack(stack)[-1]["name"]
+                 for stack in capture.devices["cpu"]["blocks"]["stack"] if stack}
+    assert outermost == {"train.py:<module>"}
 
 
 def test_run_writes_the_html_report_it_is_asked_for(runs):
