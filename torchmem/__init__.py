@@ -70,6 +70,7 @@ _EXPORTS = {
     "LeakError": "torchmem.leaks.check",
     "LeakReport": "torchmem.leaks.check",
     "Finding": "torchmem.leaks.check",
+    "UnseenMemoryWarning": "torchmem.leaks.check",
     "GrowthMonitor": "torchmem.leaks.growth",
     "GrowthReport": "torchmem.leaks.growth",
     # host RAM per process (RSS: private, shared, file-backed)
