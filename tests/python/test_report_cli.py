@@ -212,3 +212,13 @@ def test_the_oom_report_option_writes_the_report_at_the_first_error(tmp_path):
     assert sorted(name.rsplit(".", 1)[1] for name in os.listdir(tmp_path / "oom")) == ["html", "tmem"]
     refused = cli("run", "--oom-report", "oom.py", "oom.py", cwd=tmp_path)
     assert refused.returncode == 2 and "--oom-report oom.py:" in refused.stderr
+
+
+def test_quiet_run_writes_the_default_capture_without_a_word(tmp_path):
+    (tmp_path / "clean.py").write_text("import torch\nx = torch.ones(10).sum()\n")
+    result = cli("run", "-q", "--device", "cpu", "clean.py", cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == ""
+    (capture,) = [name for name in os.listdir(tmp_path) if name.endswith(".tmem")]
+    assert torchmem.load_capture(tmp_path / capture).label == "clean.py"
+    named = cli("run", "-q", "--device", "cpu", "--capture", "named.tmem", "clean.py", cwd=tmp_path)
+    assert f"capture written to {tmp_path / 'named.tmem'}" in named.stderr

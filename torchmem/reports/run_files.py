@@ -28,8 +28,11 @@ def default_name(script: str | None, module: str | None, pid: int | None = None)
 class RunFiles:
     """Collects at the end of the script, writes after the leak check."""
 
-    def __init__(self, capture_path: str | None, html_path: str | None, label: str):
+    def __init__(self, capture_path: str | None, html_path: str | None, label: str, *, announce_capture: bool = True):
         self.capture_path = capture_path
+        # False for the default capture under -q: a clean quiet run prints nothing, and a
+        # file nobody asked for by name is nothing to act on.
+        self.announce_capture = announce_capture
         self.html_path = html_path
         self.label = label
         self._data: dict | None = None
@@ -41,9 +44,11 @@ class RunFiles:
     def collect(self) -> None:
         """The state at the end of the script (call before its globals are released)."""
         if self.wanted:
+            from torchmem._support import progress
             from torchmem.reports import collect
 
-            self._data = collect.collect(label=self.label)
+            with progress.step("collecting the capture"):
+                self._data = collect.collect(label=self.label)
 
     def write(self, leak_report) -> tuple[list[str], list[str]]:
         """Writes the files; returns (lines to print, problems)."""
@@ -54,16 +59,21 @@ class RunFiles:
         self._data["leaks"] = collect.leaks_section(leak_report)
         report = capture.Capture(self._data)
         lines, problems = [], []
+        from torchmem._support import progress
+
         if self.capture_path is not None:
             try:
-                report.write(self.capture_path)
-                lines.append(f"capture written to {self.capture_path}")
-                lines.append(f"  render it: torchmem report {_shown(self.capture_path)} --html memory.html")
+                with progress.step(f"writing {self.capture_path}"):
+                    report.write(self.capture_path)
+                if self.announce_capture:
+                    lines.append(f"capture written to {self.capture_path}")
+                    lines.append(f"  render it: torchmem report {_shown(self.capture_path)} --html memory.html")
             except OSError as error:
                 problems.append(f"could not write the capture: {error}")
         if self.html_path is not None:
             try:
-                html.write_html(self.html_path, report)
+                with progress.step(f"writing {self.html_path}"):
+                    html.write_html(self.html_path, report)
                 lines.append(f"HTML report written to {self.html_path}")
             except OSError as error:
                 problems.append(f"could not write the HTML report: {error}")

@@ -189,7 +189,7 @@ def _run_files(args: argparse.Namespace, target, job):
         html_arg = job.per_rank(html_arg)
     capture_path = check_writable("--capture", capture_arg, force=args.force) if capture_arg else None
     html_path = check_writable("--html", html_arg, force=args.force) if html_arg else None
-    return RunFiles(capture_path, html_path, label=target.label)
+    return RunFiles(capture_path, html_path, label=target.label, announce_capture=bool(args.capture) or not args.quiet)
 
 
 def _install(device: str) -> list[str]:
