@@ -69,6 +69,8 @@ class Header:
     clean scenarios). ``modes``: which of ``leak_check``, ``pytest``, ``run``, ``growth``
     apply. ``check``: where the leak check goes, around the whole loop (``loop``) or a reused
     check on each step (``step``, as ``@torchmem.leak_check()`` on ``train_step``).
+    ``allow_state``: the leak check is given ``allow_held_by={"state": state}``: what the
+    program built before its loop may keep what the loop computed (a trainer's live metrics).
     ``warmup``: steps whose growth is expected (``GrowthMonitor(warmup=)``, and a ``step``
     check's ``warmup=``). ``report``: the bug report the program is shaped after.
     """
@@ -83,6 +85,7 @@ class Header:
     check: str = "loop"
     warmup: int = 2
     collector: str = "running"
+    allow_state: bool = False
     alloc_line: int = 0
     summary: str = ""
 
@@ -167,10 +170,14 @@ def drive(module, steps: int | None = None) -> None:
 
 
 def main(module_globals: dict) -> None:
-    """The scenario run as a script (``python scenario.py``, ``python -m torchmem run scenario.py``)."""
+    """The scenario run as a script (``python scenario.py``, ``python -m torchmem run scenario.py``).
+    With ``collector = "paused"`` the collector stays off to the end, as in a long run whose
+    garbage sits in the oldest generation when the program exits."""
     import sys  # noqa: PLC0415
 
     module = sys.modules[module_globals["__name__"]]
     header = read_header(Path(module_globals["__file__"]).resolve())
-    with collector(header.collector):
-        drive(module)
+    if header.collector == "paused":
+        gc.collect()
+        gc.disable()
+    drive(module)

@@ -6,7 +6,7 @@ when using AveragePrecision").
 [scenario]
 verdict = "leak"
 kind = "growth"
-owner = ".preds"
+owner = ".target"
 modes = ["leak_check", "growth"]
 report = "https://github.com/Lightning-AI/torchmetrics/issues/3294"
 """
@@ -22,13 +22,12 @@ LABELS = 16
 
 def setup():
     metric = MultilabelAveragePrecision(num_labels=LABELS, validate_args=False).to(device())
-    target = torch.randint(0, 2, (256, LABELS), device=device())
-    return metric, target
+    return metric
 
 
-def step(state, index):
-    metric, target = state
-    preds = torch.rand(256, LABELS, device=device())  # ALLOC
+def step(metric, index):
+    preds = torch.rand(256, LABELS, device=device())
+    target = torch.randint(0, 2, (256, LABELS), device=device())  # ALLOC
     metric.update(preds, target)  # forward() would also compute the batch's value
 
 

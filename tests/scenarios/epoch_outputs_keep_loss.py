@@ -33,9 +33,9 @@ class Trainer:
 
     def run_batch(self):
         output = self.module.training_step(batch())
-        self.optimizer.zero_grad()
         output["loss"].backward(retain_graph=True)
         self.optimizer.step()
+        self.optimizer.zero_grad()
         self.epoch_outputs.append(output)  # the bug: keep output["loss"].detach()
 
 

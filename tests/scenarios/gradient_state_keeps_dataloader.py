@@ -8,7 +8,7 @@ memory grew with every training run in one process).
 verdict = "leak"
 kind = "class"
 owner = "GradientState._shared_state"
-modes = ["leak_check", "pytest", "run", "growth"]
+modes = ["leak_check", "pytest", "growth"]
 report = "https://github.com/huggingface/accelerate/pull/3391"
 """
 

@@ -26,9 +26,9 @@ def setup():
 def step(state, index):
     model, optimizer = state
     loss = model(batch()).pow(2).mean()
-    optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    optimizer.zero_grad()
     if index == 0:
         from torchmetrics.functional.text.chrf import chrf_score  # noqa: F401  # ALLOC
 

@@ -25,9 +25,9 @@ def setup():
 def step(state, index):
     model, optimizer = state
     loss = model(batch()).pow(2).mean()  # ALLOC
-    optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    optimizer.zero_grad()
     LOSS_HISTORY.append(loss.item())
 
 

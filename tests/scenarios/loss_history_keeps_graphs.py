@@ -26,9 +26,9 @@ def setup():
 def step(state, index):
     model, optimizer = state
     loss = model(batch()).pow(2).mean()  # ALLOC
-    optimizer.zero_grad()
     loss.backward(retain_graph=True)
     optimizer.step()
+    optimizer.zero_grad()
     LOSS_HISTORY.append(loss)  # the bug: loss.item() (or loss.detach()) keeps only the number
 
 

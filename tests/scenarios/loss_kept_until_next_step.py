@@ -26,9 +26,9 @@ class Trainer:
 
     def training_step(self):
         loss = self.model(batch()).pow(2).mean()  # ALLOC
-        self.optimizer.zero_grad()
         loss.backward(retain_graph=True)
         self.optimizer.step()
+        self.optimizer.zero_grad()
         self.last_loss = loss  # replaced by the next step
 
 

@@ -6,7 +6,7 @@ of pytorch/pytorch#112301: a cached value is meant to live as long as the cache)
 verdict = "clean"
 kind = "cache"
 owner = ""
-modes = ["leak_check", "run", "growth"]
+modes = ["leak_check", "growth"]
 report = "https://github.com/pytorch/pytorch/pull/112301"
 check = "step"
 warmup = 1

@@ -28,9 +28,9 @@ def setup():
 def step(state, index):
     model, optimizer = state
     loss = model(batch(4, 4096)).pow(2).mean()
-    optimizer.zero_grad()
     loss.backward()
     optimizer.step()  # ALLOC
+    optimizer.zero_grad()
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ def setup():
 
 def step(state, index):
     model, optimizer = state
-    hidden = model(batch())  # ALLOC
-    loss = hidden.pow(2).mean()
-    optimizer.zero_grad()
+    hidden = model(batch())
+    features = hidden.relu()  # ALLOC
+    loss = features.pow(2).mean()
     loss.backward()
     optimizer.step()
-    memreporter.report({f"hidden_{index}": hidden.detach()})
+    optimizer.zero_grad()
+    memreporter.report({f"features_{index}": features.detach()})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 verdict = "clean"
 kind = "graph"
 owner = ""
-modes = ["leak_check", "run", "growth"]
+modes = ["leak_check", "growth"]
 report = "https://github.com/BatsResearch/labelmodels/issues/4"
 """
 
@@ -23,9 +23,9 @@ def setup():
 def step(state, index):
     activations = state["model"](batch()) * 2.0  # ALLOC
     loss = activations.pow(2).mean()
-    state["optimizer"].zero_grad()
     loss.backward()
     state["optimizer"].step()
+    state["optimizer"].zero_grad()
     state["running_loss"] += loss.item()
 
 

@@ -27,9 +27,9 @@ def setup():
 def step(state, index):
     activations = state["model"](batch()) * 2.0  # ALLOC
     loss = activations.pow(2).mean()
-    state["optimizer"].zero_grad()
     loss.backward(retain_graph=True)
     state["optimizer"].step()
+    state["optimizer"].zero_grad()
     state["running_loss"] += loss  # the bug: += loss.item()
 
 
