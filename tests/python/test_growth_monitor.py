@@ -9,6 +9,7 @@ Each test runs the loop under ``GrowthMonitor`` and asserts what the report says
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 import torch
@@ -255,3 +256,25 @@ def test_a_monitor_on_a_device_torchmem_does_not_serve_says_it_cannot_judge():
         "memory allocated there never reached it; call torchmem.install('cpu') before the loop (or run the "
         "script with `python -m torchmem run`)"
     )
+
+
+# --- the documentation's example -----------------------------------------------------------------
+
+
+def test_the_example_in_docs_growth_md_prints_what_the_page_shows(tmp_path):
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "growth.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    shown = re.search(r"```text\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "example.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+
+    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
