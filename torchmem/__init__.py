@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import importlib
 
-import torch  # noqa: F401  (loads libc10 and friends before torchmem._C)
+# No `import torch` here: `import torchmem` (and the pytest plugin, loaded in every pytest
+# session where torchmem is installed) must not pay for torch until a name is used. The
+# extension loader imports torch (libc10 and friends) before torchmem._C.
 
 __version__ = "0.1.0"
 
@@ -67,6 +69,7 @@ _EXPORTS = {
     "LeakError": "torchmem.leaks.check",
     "LeakReport": "torchmem.leaks.check",
     "Finding": "torchmem.leaks.check",
+    "UnseenMemoryWarning": "torchmem.leaks.check",
     "GrowthMonitor": "torchmem.leaks.growth",
     "GrowthReport": "torchmem.leaks.growth",
     # host RAM per process (RSS: private, shared, file-backed)

@@ -46,6 +46,7 @@ from torchmem.distributed.job import format_ranks
 from torchmem._support.files import short_path
 from torchmem._support.notes import add_note
 from torchmem._support.units import format_bytes
+from torchmem._support.validate import require_seconds
 
 __all__ = ["leak_check", "CollectiveLeakReport", "GrowthMonitor", "JobGrowthReport"]
 
@@ -213,8 +214,7 @@ class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check i
     """
 
     def __init__(self, *, group=None, timeout: float | None = None, raise_on_leak: bool = True, **options):
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"torchmem.distributed.leak_check: timeout must be seconds > 0 or None, got {timeout!r}")
+        timeout = require_seconds(timeout, what="torchmem.distributed.leak_check: timeout", allow_none=True)
         self._local = torchmem.leak_check(raise_on_leak=False, **options)
         self.group = group
         self.timeout = timeout

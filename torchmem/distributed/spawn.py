@@ -34,6 +34,7 @@ import time
 import traceback
 from datetime import timedelta
 
+from torchmem._support.validate import require_int
 from torchmem.distributed.errors import DistributedLeakError
 
 __all__ = ["spawn", "SpawnError"]
@@ -71,8 +72,7 @@ def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", d
     Raises ``DistributedLeakError`` when the check found leaks (its ``job`` names the ranks),
     ``SpawnError`` when a rank raised, crashed or did not finish within ``timeout``.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"torchmem.distributed.spawn: world_size must be an int >= 1, got {world_size!r}")
+    require_int(world_size, what="torchmem.distributed.spawn: world_size", minimum=1)
     if isinstance(devices, str):
         devices = (devices,)
     devices = tuple(devices)

@@ -55,6 +55,7 @@ CPU allocator on first use; CUDA checks need torchmem installed before CUDA is i
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, replace
 
@@ -148,6 +149,8 @@ def pytest_configure(config) -> None:
         "with these settings",
     )
     defaults = _config_defaults(config)
+    if defaults.enabled:
+        defaults = _resolved(defaults)
     config.stash[_OPTIONS_KEY] = defaults
     if defaults.enabled and defaults.device.startswith("cuda"):
         # CUDA's allocator can only be swapped before CUDA is initialized: do it before
@@ -174,7 +177,7 @@ def _config_defaults(config) -> CheckOptions:
 
         return CheckOptions(
             enabled=bool(pick("torchmem", "torchmem_autouse")),
-            device=_resolve_device(pick("torchmem_device", "torchmem_device")),
+            device=_check_device(pick("torchmem_device", "torchmem_device")),
             allow_tags=tuple(config.getini("torchmem_allow_tags")),
             warmup=0,
             max_leaked_bytes=parse_bytes(
@@ -205,20 +208,31 @@ def _boolean(value, *, what: str) -> bool:
     raise ValueError(f"{what} must be yes or no (true/false, 1/0), got {value!r}")
 
 
-def _resolve_device(device) -> str:
-    import torch
-
-    if isinstance(device, torch.device):
+def _check_device(device) -> str:
+    """The device as a string ('auto' kept: resolved only for a test that is checked, so that
+    a session without checks never imports torch)."""
+    torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
+    if torch is not None and isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
         raise TypeError(f"torchmem: device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
     device = device.strip()
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
     kind = device.split(":", 1)[0]
-    if kind not in ("cpu", "cuda"):
+    if device != "auto" and kind not in ("cpu", "cuda"):
         raise ValueError(f"torchmem: unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'")
     return device
+
+
+@functools.cache
+def _auto_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolved(options: CheckOptions) -> CheckOptions:
+    """``options`` with device 'auto' made concrete: CUDA when PyTorch sees a GPU, else CPU."""
+    return replace(options, device=_auto_device()) if options.device == "auto" else options
 
 
 def _options_for(item) -> CheckOptions:
@@ -247,7 +261,8 @@ def _options_for(item) -> CheckOptions:
         kwargs.update(fixture_param)
         where = f"the {_FIXTURE} fixture's parameter" if not where else f"{where} / the {_FIXTURE} parameter"
     if not where:
-        return replace(options, enabled=options.enabled or uses_fixture)
+        options = replace(options, enabled=options.enabled or uses_fixture)
+        return _resolved(options) if options.enabled else options
     unknown = sorted(set(kwargs) - set(_MARKER_KEYWORDS))
     if unknown:
         raise MarkerError(
@@ -258,12 +273,12 @@ def _options_for(item) -> CheckOptions:
         from torchmem.leaks import cycle_policy
         from torchmem._support.units import parse_bytes
 
-        warmup = kwargs.get("warmup", 0)
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (extra unchecked runs), got {warmup!r}")
-        return CheckOptions(
+        from torchmem._support.validate import require_int
+
+        warmup = require_int(kwargs.get("warmup", 0), what="warmup", minimum=0, meaning="extra unchecked runs")
+        checked = CheckOptions(
             enabled=bool(kwargs.get("enabled", True)),
-            device=_resolve_device(kwargs.get("device", options.device)),
+            device=_check_device(kwargs.get("device", options.device)),
             allow_tags=tuple(sorted(_normalize_tags(kwargs.get("allow_tags", options.allow_tags)))),
             warmup=warmup,
             max_leaked_bytes=parse_bytes(
@@ -275,6 +290,7 @@ def _options_for(item) -> CheckOptions:
             ),
             allow_arguments=_boolean(kwargs.get("allow_arguments", options.allow_arguments), what="allow_arguments"),
         )
+        return _resolved(checked) if checked.enabled else checked
     except (TypeError, ValueError) as error:
         raise MarkerError(f"{where} on {item.nodeid}: {error}") from None
 
@@ -445,7 +461,7 @@ def torchmem_distributed(request):
     marker = request.node.get_closest_marker(_MARKER)
     # Asking for the fixture turns the ranks' check on, unless the marker turns it off.
     checked = marker is None or marker.kwargs.get("enabled", True) is not False
-    return _DistributedRunner(replace(options, enabled=checked))
+    return _DistributedRunner(_resolved(replace(options, enabled=checked)))
 
 
 class _DistributedRunner:

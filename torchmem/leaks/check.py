@@ -21,12 +21,12 @@ for users):
    ``owners.find_owners`` names its holders (**allowed** when only objects passed in
    ``allow_held_by`` hold it).
 
-Cost: a check that leaves nothing behind costs a scope open and close, an O(1) freeze and
-thaw of the collector's generations (``collector``), a pause of its automatic collections
-while the exit runs, and stack capture while open (a fraction of a microsecond per
-allocation); no garbage collection. One with survivors
-collects only the objects made while it was open, and runs the owner search for blocks
-that survive that.
+Cost: a check that leaves nothing behind costs a scope open and close, a pause of the
+collector's automatic collections while the exit runs, and stack capture while open (a
+fraction of a microsecond per allocation); no garbage collection. One with survivors collects
+the young generations, the whole heap only when a block survives that, and runs the owner
+search for blocks that survive both (``collector``). The collector is never frozen or
+reconfigured while the checked code runs: it sees what it sees outside a check.
 """
 
 from __future__ import annotations
@@ -34,23 +34,31 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from torchmem._support.locks import ForkSafeLock
 from torchmem.runtime import devices as _devices
+from torchmem.runtime import install as _install
 from torchmem.leaks import collector
 from torchmem.leaks import cycle_policy
 from torchmem.leaks import owners as _owners
 from torchmem.stacks import capture as stack_capture
 from torchmem import _C
-from torchmem._support.units import parse_bytes
+from torchmem._support.units import format_bytes, parse_bytes
 from torchmem._support.files import short_path
 from torchmem.leaks.classify import Classifier
 from torchmem.leaks.report import Finding, LeakError, LeakReport
 
-__all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding"]
+__all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding", "UnseenMemoryWarning"]
+
+
+class UnseenMemoryWarning(RuntimeWarning):
+    """A leak check ended with memory allocated inside that it could not see: CUDA memory
+    PyTorch's own allocator holds while torchmem serves only the CPU. The report says so in
+    place of "no leaks"."""
 
 # Checks open on each thread, innermost last (closing must be LIFO per thread).
 _thread_state = threading.local()
@@ -75,9 +83,10 @@ class _OpenCheck:
     report: LeakReport
     site: str
     capture: object = None
-    freeze: object = None
     expected: set = field(default_factory=set)  # (device, address, sequence)
     returned: set = field(default_factory=set)  # the same, for what a decorated function returned
+    allowed_roots: tuple = ()  # AllowedRoots of this entry only (what a decorated function returned)
+    unseen_cuda_start: dict | None = None  # PyTorch's own CUDA allocator's bytes per device at enter
 
 
 def _caller_site(depth: int) -> str:
@@ -183,6 +192,43 @@ def _returned_tensors(result) -> list[torch.Tensor]:
     return []
 
 
+_INSTALL_HINT = (
+    "call torchmem.install('cpu') (and torchmem.install('cuda') before anything starts CUDA), or run "
+    "under `python -m torchmem run` or `pytest --torchmem`, which install it"
+)
+
+
+def _served_or_refuse(devices: frozenset | None) -> list[str]:
+    """The device types torchmem serves; raises when the check could see none of the memory
+    it is asked about (it would say "no leaks" about memory it never saw)."""
+    served = _install.installed_devices()
+    if not served:
+        raise RuntimeError(
+            "torchmem.leak_check: torchmem is not installed, so this check cannot see any allocation and "
+            f"would report 'no leaks' whatever the code keeps; {_INSTALL_HINT}"
+        )
+    if devices is not None and not any(name.split(":")[0] in served for name in devices):
+        raise RuntimeError(
+            f"torchmem.leak_check: devices={sorted(devices)} but torchmem serves only {', '.join(served)}, so "
+            f"this check could see nothing there; {_INSTALL_HINT}"
+        )
+    return served
+
+
+def _native_cuda_bytes() -> dict[int, int] | None:
+    """Bytes PyTorch's own CUDA allocator has allocated, per device, when CUDA is started and
+    torchmem does not serve it (memory no leak check can see); None otherwise."""
+    if "cuda" in _install.installed_devices():
+        return None
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return {}
+    try:
+        return {index: cuda.memory_allocated(index) for index in range(cuda.device_count())}
+    except (RuntimeError, AssertionError):  # an allocator without statistics: nothing to compare
+        return None
+
+
 class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
     """Reports blocks allocated inside and still alive at the end: a context manager and a
     decorator, reusable (each ``with`` or call is one *entry*).
@@ -205,8 +251,9 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             default all devices torchmem serves.
         cycles: when memory that only a reference cycle held counts as leaked:
             ``"repeating"`` (default: when one allocation stack and holder type left
-            ``cycle_repeats`` cycles in this entry, or cycles in the previous entry too: the
-            Composer bug; an object that merely lives in a cycle is reported, not counted),
+            ``cycle_repeats`` cycles in this entry, each dropped on its own: the Composer bug;
+            an object that merely lives in a cycle is reported, not counted; each entry of a
+            reused check is judged on its own),
             ``"always"`` or ``"never"``. See ``torchmem.leaks.cycle_policy``.
         cycle_repeats: separate cycles (int >= 2, default 8) that make ``"repeating"`` count.
         allow_held_by: ``{name: object}``: memory held only through these objects is
@@ -245,8 +292,6 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self.cycles = cycle_policy.normalize_policy(cycles)
         self.cycle_repeats = cycle_policy.normalize_repeats(cycle_repeats)
         self.allowed_roots = _normalize_held_by(allow_held_by)
-        # Cycle groups (allocation stack, holder type) the previous non-warm-up entry left.
-        self.previous_cycle_keys: frozenset = frozenset()
         self.entries = 0
         self.report: LeakReport | None = None
         self._open: _OpenCheck | None = None
@@ -270,6 +315,11 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 f"torchmem.leak_check: this check is open on another thread (entered at {self._open.site}); "
                 "create one leak_check per thread"
             )
+        if self.devices is None or any(not name.startswith("cpu") for name in self.devices):
+            unseen_cuda_start = _native_cuda_bytes()
+        else:
+            unseen_cuda_start = None
+        _served_or_refuse(self.devices)
         self.entries += 1
         report = LeakReport(
             entry=self.entries, warmup=self.entries <= self.warmup, max_leaked_bytes=self.max_leaked_bytes,
@@ -287,7 +337,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 capture.__exit__(None, None, None)
             raise
         entry = _OpenCheck(scope=scope, thread=threading.get_ident(), report=report, site=site, capture=capture,
-                           freeze=collector.open_freeze())
+                           unseen_cuda_start=unseen_cuda_start)
         self._open = entry
         _thread_stack().append(entry)
         with _open_checks_lock:
@@ -312,7 +362,6 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                     "opened inside it directly with torchmem._C.open_scope is still open: close that first"
                 ) from error
             self._unregister(entry)
-            collector.close_freeze(entry.freeze)
             raise RuntimeError(
                 f"torchmem.leak_check (entered at {entry.site}): its scope was already closed, by a direct "
                 "torchmem._C.close_scope call; leave leak-check scopes to leak_check"
@@ -320,19 +369,38 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self._unregister(entry)
         report = entry.report
         self.report = report
-        try:
-            if exc_type is not None:
-                # The traceback keeps the failing frames' locals alive: whatever is left would
-                # be noise, and the original error matters more.
-                report.aborted = f"{exc_type.__name__}: {exc}"
-                return False
-            Classifier(self, entry, survivors).run()
-        finally:
-            collector.close_freeze(entry.freeze)
+        if exc_type is not None:
+            # The traceback keeps the failing frames' locals alive: whatever is left would
+            # be noise, and the original error matters more.
+            report.aborted = f"{exc_type.__name__}: {exc}"
+            return False
+        Classifier(self, entry, survivors).run()
+        self._note_unseen(entry)
         report.finished = True
         if self.raise_on_leak and not report.warmup and report.exceeds_limit:
             raise LeakError(report)
         return False
+
+    def _note_unseen(self, entry: _OpenCheck) -> None:
+        """Says so (report and warning) when CUDA memory allocated inside is still allocated
+        by PyTorch's own allocator, which this check cannot see."""
+        if entry.unseen_cuda_start is None:
+            return
+        now = _native_cuda_bytes()
+        if not now:
+            return
+        grown = {index: size - entry.unseen_cuda_start.get(index, 0) for index, size in now.items()}
+        grown = {index: size for index, size in grown.items() if size > 0}
+        if not grown:
+            return
+        where = ", ".join(f"cuda:{index}" for index in sorted(grown))
+        entry.report.unseen = (
+            f"{format_bytes(sum(grown.values()))} of CUDA memory ({where}) allocated inside is still allocated by "
+            f"PyTorch's own allocator, which this check cannot see (torchmem serves only "
+            f"{', '.join(_install.installed_devices())}): {_INSTALL_HINT}"
+        )
+        warnings.warn(f"torchmem.leak_check (entered at {entry.site}): {entry.report.unseen}", UnseenMemoryWarning,
+                      stacklevel=4)
 
     def _validated_open_entry(self) -> _OpenCheck:
         """The entry an exit closes; raises (changing nothing) if this exit is misplaced."""

@@ -37,6 +37,9 @@ def _summary(report: LeakReport) -> str:
     if uncounted:
         others.append(f"cycle garbage not counted {_amount(uncounted)} (cycles={report.cycle_policy})")
     others += [f"{kind} {_amount(report.of_kind(kind))}" for kind in (PENDING, ALLOWED) if report.of_kind(kind)]
+    if not leaked and report.unseen:
+        # Never "no leaks" about memory the check could not see.
+        return f"torchmem.leak_check: not checked: {report.unseen}" + (f"; also {', '.join(others)}" if others else "")
     if not leaked:
         head = "torchmem.leak_check: no leaks"
         if report.warmup:
@@ -50,6 +53,8 @@ def _summary(report: LeakReport) -> str:
     )
     if report.max_leaked_bytes:
         head += f"; limit {format_bytes(report.max_leaked_bytes)}"
+    if report.unseen:
+        others.insert(0, f"not checked: {report.unseen}")
     return head + (f"; also {', '.join(others)}" if others else "")
 
 

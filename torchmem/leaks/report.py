@@ -93,6 +93,7 @@ class LeakReport:
     owner_search_stopped_early: bool = False
     aborted: str | None = None
     cycle_policy: str = "repeating"
+    unseen: str | None = None  # memory allocated inside that the check could not see, and why
     analysis_seconds: float = 0.0  # wall time of the exit's analysis (collections, owner search)
     analysis_cpu_seconds: float = 0.0  # the analysing thread's CPU time (less sensitive to load)
 
@@ -168,6 +169,7 @@ class LeakReport:
             "gc_collected": self.gc_collected,
             "owner_search_stopped_early": self.owner_search_stopped_early,
             "cycle_policy": self.cycle_policy,
+            "unseen": self.unseen,
             "analysis_seconds": self.analysis_seconds,
             "analysis_cpu_seconds": self.analysis_cpu_seconds,
             "max_leaked_bytes": self.max_leaked_bytes,

@@ -54,10 +54,10 @@ def _runner_frame():
     """(function name, file) of ``torchmem run``'s frame that executes the script: stacks
     end there, as under ``python script.py``."""
     try:
-        from torchmem.integrations import cli
+        from torchmem.integrations.runner import target
     except ImportError:  # pragma: no cover - cli is part of the package
         return None
-    return "_execute", os.path.normcase(os.path.abspath(cli.__file__))
+    return target.runner_frame()
 
 
 def trace_columns(engine, stacks: StackTable) -> dict:
