@@ -10,6 +10,7 @@ report says what the topmost holder is and why the walk stopped there.
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import types
 
@@ -232,6 +233,42 @@ def test_a_walk_that_followed_every_referrer_says_nothing_named_reaches_the_top(
         "and only objects on the path (a reference cycle) or torchmem's own do: garbage not yet collected, "
         "or a cycle that something outside Python's view keeps"
     )
-    import gc
+    gc.collect()
 
+
+def make_registry_class():
+    class LocalRegistry:
+        items: list = []
+
+    return LocalRegistry
+
+
+REGISTRY_CLASS = make_registry_class()  # a class made in a function, bound to a module global
+
+
+def test_a_class_made_inside_a_function_is_named_by_the_module_global_bound_to_it():
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        REGISTRY_CLASS.items.append(Buffer(torch.zeros(307)))
+
+    assert held_by(report) == [f"{MODULE}.REGISTRY_CLASS.items[0].buf"]
+    REGISTRY_CLASS.items.clear()
+
+
+def test_a_walk_that_dropped_referrers_of_a_crowded_object_says_so():
+    # A trainer its 100 children point back to, in a cycle nothing named holds (the collector
+    # has not run): the walk follows 16 referrers of one type per object and names none.
+    trainer = Trainer()
+    trainer.state.items.append(Buffer(torch.zeros(308)))
+    trainer.children = [Buffer(owner=trainer) for _ in range(100)]
+    block = block_triple(trainer.state.items[0].buf)
+    del trainer
+
+    result = _owners.find_owners([block])
+
+    (owner,) = result.owners[block[:2]]
+    assert owner.kind == "unnamed"
+    assert result.notes[block[:2]] == (
+        "no named root above the topmost holder reached, a list: a Trainer on the path is referred to by "
+        "100 objects or more, and the 16 the walk followed lead to no name"
+    )
     gc.collect()

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from torchmem.runtime import devices as _devices
 from torchmem.runtime import install as _install
-from torchmem.leaks.growth_trend import Series, judge
+from torchmem.leaks.growth_trend import Series, format_rate, judge
 from torchmem.leaks.tensors import device_key
 from torchmem.reports import categories as _categories
 from torchmem.stacks import capture as stack_capture
@@ -83,9 +83,7 @@ class Growth:
     @property
     def rate(self) -> str:
         """``+32.0 KiB/step ± 239 B``: the slope, with its error when there is noise."""
-        sign = "+" if self.bytes_per_step >= 0 else "-"
-        text = f"{sign}{format_bytes(round(abs(self.bytes_per_step)))}/step"
-        return f"{text} ± {format_bytes(round(self.slope_error))}" if self.slope_error >= 0.5 else text
+        return format_rate(self.bytes_per_step, self.slope_error)
 
     def to_dict(self) -> dict:
         """Plain data for JSON."""
