@@ -17,6 +17,7 @@
     torchmem.track(model, optimizer)    # memory by category: parameters, gradients, ...
     torchmem.record_trace()             # the timeline, then:
     torchmem.write_html("memory.html")  # a report to open in a browser (or write_capture)
+    torchmem.oom_report("oom/")         # capture + HTML report at the first out-of-memory error
 
 Public names are loaded on first use, so ``import torchmem`` stays cheap. The public API
 is the names listed here; the subpackages are its implementation:
@@ -94,6 +95,7 @@ _EXPORTS = {
     "Capture": "torchmem.reports.capture",
     "CaptureFormatError": "torchmem.reports.capture",
     "write_html": "torchmem.reports.html",
+    "oom_report": "torchmem.reports.oom_report",
     # memory by category (parameters, gradients, optimizer state, activations)
     "track": "torchmem.reports.categories",
 }

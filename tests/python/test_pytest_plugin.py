@@ -165,7 +165,7 @@ def test_marker_options_configure_each_test(pytester, run_pytest):
     result.stdout.fnmatch_lines([
         "*_ test_unknown_option _*",
         "@pytest.mark.torchmem on test_marked.py::test_unknown_option: unknown option(s) colour; "
-        "known: device, allow_tags, warmup, max_leaked_bytes, enabled, cycles, cycle_repeats, allow_arguments",
+        "known: device, allow_tags, warmup, max_leaked_bytes, enabled, cycles, cycle_repeats, allow_arguments, limit_peak",
     ], consecutive=True)
     # A test failing on its own is not analyzed: its traceback keeps its locals alive.
     result.stdout.fnmatch_lines(["*_ test_fails_on_its_own _*", "*AssertionError: the test's own failure*"])

@@ -61,10 +61,18 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+# The peak limit (limit_peak), --torchmem-top and --torchmem-capture-dir, each in its own module.
+pytest_plugins = (
+    "torchmem.integrations.pytest_limits",
+    "torchmem.integrations.pytest_top",
+    "torchmem.integrations.pytest_captures",
+)
+
 _MARKER = "torchmem"
 _FIXTURE = "torchmem_leak_check"
 _MARKER_KEYWORDS = (
     "device", "allow_tags", "warmup", "max_leaked_bytes", "enabled", "cycles", "cycle_repeats", "allow_arguments",
+    "limit_peak",
 )
 
 
@@ -145,8 +153,9 @@ def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
         "torchmem(device='auto', allow_tags=(), warmup=0, max_leaked_bytes=0, cycles='repeating', cycle_repeats=8, "
-        "allow_arguments=True, enabled=True): check this test for torchmem blocks still alive when it returns, "
-        "with these settings",
+        "allow_arguments=True, enabled=True, limit_peak=None): check this test for torchmem blocks still alive "
+        "when it returns, with these settings; limit_peak='256 MiB' fails it when its own allocations peak above "
+        "that on a device",
     )
     defaults = _config_defaults(config)
     if defaults.enabled:
@@ -421,6 +430,7 @@ def pytest_runtest_call(item):
         return (yield)
     _install_for_test(options.device, item)
     check = item.stash.get(_CHECK_KEY, None) or _make_check(options)
+    item.stash[_CHECK_KEY] = check  # --torchmem-capture-dir puts its findings in the test's capture
     from torchmem.integrations.pytest_arguments import argument_roots
 
     # The test's arguments name holders either way; allow_arguments also allows them.

@@ -48,6 +48,11 @@ def install(device: DeviceLike = "cuda") -> None:
             _install_cuda()
         _C.set_gc_retry(True)
     _import_api_modules()
+    from torchmem.reports import oom_report
+
+    # TORCHMEM_OOM_REPORT, and PyTorch's out-of-memory observer on a CUDA allocator
+    # installed after torchmem.oom_report() was called.
+    oom_report.after_install()
 
 
 def _import_api_modules() -> None:

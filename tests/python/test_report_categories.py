@@ -1,0 +1,35 @@
+"""Categories (torchmem.track): what a tracked forward saves for backward counts as
+activations, but a parameter saved for backward (a Linear saves its weight's transpose) is
+not memory kept alive by backward, tracked model's or not."""
+
+from __future__ import annotations
+
+import torch
+
+import torchmem
+from torchmem.reports import categories as _categories
+
+SHARED = torch.nn.Linear(256, 256)  # a module the tracked model uses but nobody tracks
+
+
+class UsesAnUntrackedLayer(torch.nn.Module):
+    def forward(self, x):
+        return SHARED(x * 2)
+
+
+def test_a_parameter_saved_for_backward_is_not_an_activation():
+    torchmem.install("cpu")
+    model = UsesAnUntrackedLayer()
+    tracking = torchmem.track(model)
+    try:
+        x = torch.randn(16, 256, requires_grad=True)  # so that the Linear saves its weight for x.grad
+        out = model(x).sum()
+        categories = torchmem.summary(format="dict")["devices"]["cpu"]["categories"]
+        # Saved for backward: x * 2 (the Linear's input, 16 KiB); its weight's transpose too, but
+        # that is SHARED.weight's memory, alive whether saved or not.
+        assert categories["activations"] == 16 * 256 * 4
+        out.backward()
+        assert torchmem.summary(format="dict")["devices"]["cpu"]["categories"]["activations"] == 0
+    finally:
+        tracking.stop()
+        assert not _categories.is_tracking()
