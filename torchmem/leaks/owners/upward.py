@@ -121,6 +121,14 @@ class UpwardSearch:
         self.dropped: dict[int, int] = defaultdict(int)
 
     def run(self) -> None:
+        self._walk()
+        # Referrers dropped by the caps make the walk incomplete only for the blocks it left
+        # without a name; for the others the name it found stands.
+        for key, down in self.down.items():
+            if not self.owners[key] and any(node in self.dropped for node in down):
+                self.stopped_early = True
+
+    def _walk(self) -> None:
         for key, frontier in self.frontiers.items():
             for node in frontier:
                 self._check_local_root(key, node, 0)
@@ -316,8 +324,7 @@ class UpwardSearch:
                             by_child[child_id].append(parent)
                             of_type[kind] += 1
                         else:
-                            self.stopped_early = True  # a referrer was dropped
-                            self.dropped[child_id] += 1
+                            self.dropped[child_id] += 1  # not followed (see run())
             child = None
         parent = candidates = None
         return counted
