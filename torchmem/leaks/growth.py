@@ -50,7 +50,8 @@ _MAX_CONSIDERED = 5  # quiet series a report shows with why they are not growth
 
 
 class GrowthMonitor:
-    """Samples live bytes per tag and per allocation site once per loop iteration.
+    """Samples live bytes per tag, per allocation site and (while ``torchmem.track`` is on)
+    per category once per loop iteration; ``report()`` judges each series' trend.
 
     Args:
         warmup: steps whose growth is expected (first batches build caches, optimizer
@@ -141,6 +142,8 @@ class GrowthMonitor:
             return
         values: dict[tuple, int] = {}
         site_categories: dict[tuple, dict[str, int]] = {}
+        # Categories only while torchmem.track names a model or an optimizer: {(device, data pointer): ...}.
+        storages = _categories.classify_storages() if self.by_site and _categories.is_tracking() else None
         for device in self.devices:
             if not _install.is_installed(device):
                 self._unseen.add(device)
@@ -149,7 +152,7 @@ class GrowthMonitor:
             for row in engine.tag_stats():
                 values[("tag", device, row["tag"])] = row["current_bytes"]
             if self.by_site:
-                self._sample_blocks(engine, device, values, site_categories)
+                self._sample_blocks(engine, device, storages, values, site_categories)
         for key, value in values.items():
             if key not in self._trends:
                 # First seen now: it had no live bytes at the samples since the baseline.
@@ -160,10 +163,9 @@ class GrowthMonitor:
         for key, by_category in site_categories.items():
             self._site_category[key] = max(by_category, key=by_category.get)
 
-    def _sample_blocks(self, engine, device: str, values: dict, site_categories: dict) -> None:
-        """Live bytes per allocation site and, while ``torchmem.track`` names a model or an
-        optimizer, per category (parameters, gradients, optimizer state, ...)."""
-        storages = _categories.classify_storages() if _categories.is_tracking() else None
+    def _sample_blocks(self, engine, device: str, storages: dict | None, values: dict, site_categories: dict) -> None:
+        """Live bytes per allocation site and, with ``storages`` (while tracking), per
+        category (parameters, gradients, optimizer state, activations, other)."""
         for block in engine.allocated_blocks():
             category = None
             if storages is not None:
