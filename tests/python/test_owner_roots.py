@@ -174,6 +174,20 @@ def test_a_module_only_sys_modules_holds_is_named_by_its_entry():
     assert held_by(report) == ["plugin_state_registry.trainer.state.items[0].buf"]
 
 
+class LazyModule:
+    """What some libraries put in sys.modules in place of their module."""
+
+
+def test_an_object_standing_in_for_a_module_in_sys_modules_is_named_by_its_entry():
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        stand_in = LazyModule()
+        stand_in.cache = [torch.zeros(309)]
+        sys.modules["plugin_state_registry"] = stand_in
+        del stand_in
+
+    assert held_by(report) == ["sys.modules['plugin_state_registry'].cache[0]"]
+
+
 # --- when the walk stops without a named root ------------------------------------------------
 
 
