@@ -538,10 +538,7 @@ absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
 
 // --- bookkeeping helpers ----------------------------------------------------
 
-StreamLists& Engine::ListsFor(StreamId stream) {
-  if (ABSL_PREDICT_TRUE(last_stream_ != nullptr && last_stream_->stream == stream)) {
-    return *last_stream_;
-  }
+StreamLists& Engine::FindOrCreateLists(StreamId stream) {
   auto [it, inserted] = streams_.try_emplace(stream, nullptr);
   if (inserted) it->second = std::make_unique<StreamLists>(stream, policy_.min_block_size);
   last_stream_ = it->second.get();
