@@ -55,7 +55,8 @@ class SpawnError(RuntimeError):
 
 
 def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", devices=("cpu",),
-          timeout: float = 120.0, check: bool = True, repeat: int = 1, **check_options) -> list:
+          timeout: float = 120.0, check: bool = True, repeat: int = 1, allow_arguments: bool = False,
+          **check_options) -> list:
     """Runs ``fn(rank, world_size, *args)`` on ``world_size`` new processes that form a process
     group, and returns the ranks' return values (index = rank).
 
@@ -68,6 +69,9 @@ def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", d
             (``allow_tags``, ``max_leaked_bytes``, ``warmup``, ``timeout``, ...).
         repeat: calls of ``fn`` per rank, each checked (with ``warmup=N``, ``repeat=N+1`` makes
             the first N calls warm-up).
+        allow_arguments: memory held only through ``args`` (each rank's copy) is allowed, as the
+            pytest plugin allows a test's arguments (the ``torchmem_distributed`` fixture passes
+            the test's ``allow_arguments``).
 
     Raises ``DistributedLeakError`` when the check found leaks (its ``job`` names the ranks),
     ``SpawnError`` when a rank raised, crashed or did not finish within ``timeout``.
@@ -96,6 +100,7 @@ def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", d
             "timeout": timeout,
             "check": dict(check_options) if check else None,
             "repeat": repeat,
+            "allow_arguments": bool(allow_arguments),
         }
         processes = [
             context.Process(target=_run_rank, args=(fn, rank, world_size, args, settings), daemon=True,
@@ -248,6 +253,8 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, settings: dict) -> d
                 options["devices"] = [
                     f"cuda:{torch.cuda.current_device()}" if kind == "cuda" else "cpu" for kind in sorted(kinds)
                 ]
+            if settings["allow_arguments"]:
+                options["allow_held_by"] = {f"args[{index}]": value for index, value in enumerate(args)}
             check = tmd.leak_check(**options)
         call = fn if check is None else check(fn)  # as a decorator: returned tensors may outlive it
         for _ in range(settings["repeat"]):

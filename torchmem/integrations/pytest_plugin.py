@@ -88,6 +88,7 @@ class CheckOptions:
     cycles: str = "repeating"
     cycle_repeats: int = 8
     allow_arguments: bool = True
+    dist_timeout: float = 300.0
 
 
 class MarkerError(ValueError):
@@ -135,6 +136,13 @@ def pytest_addoption(parser) -> None:
         help="allow memory held only through the test's arguments: parametrize values and fixtures "
              "(ini: torchmem_allow_arguments; default yes)",
     )
+    group.addoption(
+        "--torchmem-dist-timeout", default=None, dest="torchmem_dist_timeout", metavar="SECONDS",
+        help="under torchrun -m pytest: seconds the ranks wait for each other at a test's exchange before "
+             "failing it on every rank (ini: torchmem_dist_timeout; default 300)",
+    )
+    parser.addini("torchmem_dist_timeout", default="300",
+                  help="seconds the ranks wait for each other at a test's exchange (torchrun -m pytest)")
     parser.addini("torchmem_autouse", type="bool", default=False, help="check every test for torchmem leaks")
     parser.addini("torchmem_device", default="auto", help="device whose blocks are checked (cpu, cuda[:N], auto)")
     parser.addini("torchmem_max_leaked_bytes", default="0", help="leaked bytes tolerated per test")
@@ -204,9 +212,24 @@ def _config_defaults(config) -> CheckOptions:
                 pick("torchmem_allow_arguments", "torchmem_allow_arguments"),
                 what="torchmem: --torchmem-allow-arguments / torchmem_allow_arguments",
             ),
+            dist_timeout=_seconds(
+                pick("torchmem_dist_timeout", "torchmem_dist_timeout"),
+                what="torchmem: --torchmem-dist-timeout / torchmem_dist_timeout",
+            ),
         )
     except (TypeError, ValueError) as error:
         raise pytest.UsageError(str(error)) from None
+
+
+def _seconds(value, *, what: str) -> float:
+    from torchmem._support.validate import require_seconds
+
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass  # refused below, with the text as given
+    return require_seconds(value, what=what)
 
 
 def _boolean(value, *, what: str) -> bool:
@@ -298,6 +321,7 @@ def _options_for(item) -> CheckOptions:
                 kwargs.get("cycle_repeats", options.cycle_repeats), what="cycle_repeats"
             ),
             allow_arguments=_boolean(kwargs.get("allow_arguments", options.allow_arguments), what="allow_arguments"),
+            dist_timeout=options.dist_timeout,
         )
         return _resolved(checked) if checked.enabled else checked
     except (TypeError, ValueError) as error:
@@ -349,7 +373,7 @@ def _install_for_test(device: str, item) -> None:
     pytest.fail(message, pytrace=False)
 
 
-def _make_check(options: CheckOptions):
+def _make_check(options: CheckOptions, item):
     import torchmem
 
     kwargs = dict(
@@ -364,9 +388,11 @@ def _make_check(options: CheckOptions):
     if _in_process_group():
         # pytest run on every rank of a job (torchrun -m pytest): the ranks decide together, so a
         # leak on one rank fails the test on all of them and none runs ahead into the next test.
+        # Every exchange carries the test's node id (ranks at different tests fail, naming both)
+        # and is bounded by the timeout.
         import torchmem.distributed
 
-        return torchmem.distributed.leak_check(**kwargs)
+        return torchmem.distributed.leak_check(label=item.nodeid, timeout=options.dist_timeout, **kwargs)
     return torchmem.leak_check(**kwargs)
 
 
@@ -416,9 +442,37 @@ def torchmem_leak_check(request):
     """
     options = _checked_options(request.node)
     _install_for_test(options.device, request.node)
-    check = _make_check(options)
+    check = _make_check(options, request.node)
     request.node.stash[_CHECK_KEY] = check
     yield check
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Under ``torchrun -m pytest``: a rank whose setup failed or skipped (a fixture error, a
+    ``skipif`` true on one rank) still takes part in this test's exchange, so the other ranks
+    fail this test naming it, instead of pairing their next test with this one."""
+    try:
+        return (yield)
+    except BaseException as error:
+        _settle_failed_setup(item, error)
+        raise
+
+
+def _settle_failed_setup(item, error: BaseException) -> None:
+    try:
+        options = _options_for(item)
+    except MarkerError:
+        return  # the same on every rank: every rank fails the test before any exchange
+    if not options.enabled or not _in_process_group():
+        return
+    try:
+        _install(options.device, where=f"for {item.nodeid}")
+        check = item.stash.get(_CHECK_KEY, None) or _make_check(options, item)
+        check.__enter__()
+        check.__exit__(type(error), error, error.__traceback__)
+    except Exception:  # noqa: BLE001 - the exchange failed too; the setup error is what this rank reports
+        pass
 
 
 @pytest.hookimpl(wrapper=True)
@@ -429,7 +483,7 @@ def pytest_runtest_call(item):
     if not options.enabled:
         return (yield)
     _install_for_test(options.device, item)
-    check = item.stash.get(_CHECK_KEY, None) or _make_check(options)
+    check = item.stash.get(_CHECK_KEY, None) or _make_check(options, item)
     item.stash[_CHECK_KEY] = check  # --torchmem-capture-dir puts its findings in the test's capture
     from torchmem.integrations.pytest_arguments import argument_roots
 
@@ -490,7 +544,8 @@ class _DistributedRunner:
             return spawn(
                 fn, world_size=world_size, args=args, backend=backend, devices=(options.device.split(":")[0],),
                 timeout=timeout, check=options.enabled, repeat=options.warmup + 1, allow_tags=options.allow_tags,
-                warmup=options.warmup, max_leaked_bytes=options.max_leaked_bytes,
+                warmup=options.warmup, max_leaked_bytes=options.max_leaked_bytes, cycles=options.cycles,
+                cycle_repeats=options.cycle_repeats, allow_arguments=options.allow_arguments,
             )
         except DistributedLeakError as error:
             message = f"{error.job.render()}\n{_HINT}"

@@ -16,6 +16,10 @@ and when it ends prints to stderr (:mod:`torchmem.integrations.runner.session`):
   global variables are released (as Python would release them at exit), each with the
   line that allocated it and what holds it, or "cycle" when only the garbage collector
   could free it (a reference cycle held it, the Composer bug);
+* growth per training step: a ``torchmem.GrowthMonitor`` sampled at the end of every
+  step (every ``optimizer.step()``, or every return of the ``--step-on`` functions;
+  :mod:`torchmem.integrations.runner.steps`), naming the tags and allocation sites that
+  grew; the leak check at exit cannot see memory the script's globals kept, this can;
 * with ``--rss``, host memory per process (``torchmem.rss_report()``: this process and
   any children still running, RSS split into private, shared-anonymous, file-backed and
   shared memory) and how this process's RSS changed since the script started.
@@ -97,10 +101,19 @@ def add_parser(commands, prog: str) -> argparse.ArgumentParser:
         help="only the summary: no leak check (and no stack capture) while the script runs",
     )
     run.add_argument(
+        "--step-on",
+        metavar="MODULE:FUNCTION",
+        action="append",
+        default=[],
+        help="the function whose return ends a training step (module:function or module:Class.method; "
+        "__main__:name for the script's own); repeatable. Default: every torch.optim optimizer.step()",
+    )
+    run.add_argument(
         "--fail-on-leak",
         action="store_true",
         default=None,
-        help="exit with status 1 when the script leaked (and exited 0), for CI; the report is printed as usual "
+        help="exit with status 1 when the script leaked or grew per step (and exited 0), for CI; the report is "
+        "printed as usual "
         "(also: TORCHMEM_FAIL_ON_LEAK=1)",
     )
     run.add_argument(
@@ -201,10 +214,17 @@ def _install(device: str) -> list[str]:
         raise UsageError(str(error)) from None
 
 
+def _training_growth(step_on: list[str], module: str | None):
+    from torchmem.integrations.runner.growth import TrainingGrowth
+
+    return TrainingGrowth(step_on, script_module=module)
+
+
 def execute(args: argparse.Namespace, prog: str) -> int:
     from torchmem.integrations.runner import exit_status
     from torchmem.integrations.runner import target as _target_module
     from torchmem.integrations.runner.session import Session
+    from torchmem.integrations.runner.steps import parse_step_on
 
     # First, before torch is imported: its exit function must run after all others.
     exit_status.arm()
@@ -225,6 +245,13 @@ def execute(args: argparse.Namespace, prog: str) -> int:
             raise UsageError(str(error)) from None
     if args.fail_on_leak and args.no_leak_report:
         raise UsageError("--fail-on-leak needs the leak report: drop --no-leak-report")
+    for spec in args.step_on:
+        try:
+            parse_step_on(spec)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    if args.step_on and args.no_leak_report:
+        raise UsageError("--step-on needs the leak report (the growth check is part of it): drop --no-leak-report")
     files = _run_files(args, target, job)
     if args.history_entries is not None and snapshot_path is None:
         raise UsageError("--history-entries only matters with --snapshot PATH")
@@ -252,8 +279,13 @@ def execute(args: argparse.Namespace, prog: str) -> int:
 
     # Resolved after installing: finding a module imports its parent packages, which may
     # touch CUDA, and CUDA must already be torchmem's by then.
+    growth = None if args.no_leak_report else _training_growth(args.step_on, target.module)
+    decorate = None
+    if growth is not None and growth.watcher.script_decorations():
+        def decorate(tree):
+            return growth.watcher.decorate_script(tree, _target_module.STEP_DECORATOR)
     try:
-        code, attributes = _target_module.code_for(target)
+        code, attributes = _target_module.code_for(target, decorate)
     except ImportError as error:
         print(f"{sys.executable}: {error}", file=sys.stderr)  # Python's wording for -m
         return 1
@@ -263,6 +295,8 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     except OSError as error:
         raise UsageError(f"can't open file {target.script!r}: {error.strerror}") from None
 
+    if decorate is not None:
+        attributes[_target_module.STEP_DECORATOR] = growth.watcher.wrapper
     if snapshot_path is not None:
         entries = _snapshot.DEFAULT_MAX_ENTRIES if args.history_entries is None else args.history_entries
         _snapshot.record_trace(entries)
@@ -270,7 +304,7 @@ def execute(args: argparse.Namespace, prog: str) -> int:
         _snapshot.record_trace()  # the timeline and the sites by peak bytes of the capture
     session = Session(
         target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss, job=job,
-        fail_on_leak=args.fail_on_leak, quiet=args.quiet, files=files,
+        fail_on_leak=args.fail_on_leak, quiet=args.quiet, growth=growth, files=files,
     )
     session.rank_label = getattr(args, "rank_label", "")
     # Registered before the script runs, so called after every atexit function it registers.

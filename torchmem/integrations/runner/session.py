@@ -23,8 +23,9 @@ class Session:
 
     def __init__(
         self, target: Target, served: list[str], snapshot_path, json_path, *, leak_report: bool, rss: bool = False,
-        job=None, fail_on_leak: bool = False, quiet: bool = False, files=None,
+        job=None, fail_on_leak: bool = False, quiet: bool = False, growth=None, files=None,
     ):
+        self.growth = growth  # runner.growth.TrainingGrowth: memory per training step, or None
         self.files = files  # torchmem.reports.run_files.RunFiles: the capture and HTML report, if any
         self.fail_on_leak = fail_on_leak  # exit status 1 when the script leaked (and exited 0)
         self.quiet = quiet  # print only what needs action: the leaks, files written, problems
@@ -53,6 +54,13 @@ class Session:
 
             self._check = torchmem.leak_check(raise_on_leak=False, gc_collect=True)
             self._report = self._check.__enter__()
+        if self.growth is not None:
+            self.growth.start()
+
+    @property
+    def main_file(self) -> str | None:
+        """The file of the script's code (its ``<module>`` frame), for the import-time check."""
+        return None if self.module is None else self.module.__dict__.get("__file__")
 
     def watch(self, module: types.ModuleType) -> None:
         """Called with the script's ``__main__`` module before it runs: its globals are
@@ -87,6 +95,8 @@ class Session:
                 self._rss = self._rss_at_exit()
             except Exception as error:  # noqa: BLE001 - reported, and the rest still runs
                 problems.append(f"no RSS report: {error}")
+        if self.growth is not None:
+            self.growth.stop()  # the steps are over; judged before the globals go
         if self.files is not None:
             try:
                 self.files.collect()  # the state at the end of the script, before its globals go
@@ -105,15 +115,22 @@ class Session:
             except RuntimeError as error:  # e.g. the script left a leak_check of its own open
                 problems.append(f"no leak report: {error}")
                 self._report = None
+            if self._report is not None:
+                from torchmem.integrations.runner import import_time
+
+                self._report = import_time.classify(self._report, self.main_file)
 
         label = self.target.label
         leaked = self._report is not None and self._report.exceeds_limit
+        grew = self.growth is not None and self.growth.has_growth
         header = ["", "=" * 78, f"torchmem: {label}{self.rank_label} exited with code {self.exit_code}", ""]
         lines = []
         if not self.quiet:
             lines.append(_summary.render(summary))
         if self._report is not None and (leaked or not self.quiet):
             lines += ["", _leak_header(held_by_globals), self._report.render()]
+        if self.growth is not None and (grew or not self.quiet):
+            lines += ["", self.growth.render()]
         if self._rss is not None and not self.quiet:
             at_exit, since_start = self._rss
             lines += ["", at_exit.render(), since_start.render(title="host memory of this process since the script started:")]
@@ -136,11 +153,13 @@ class Session:
             except OSError as error:
                 problems.append(f"could not write the JSON report: {error}")
         lines += [f"torchmem: {problem}" for problem in problems]
-        if leaked and self.fail_on_leak and self.exit_code == 0:
+        if (leaked or grew) and self.fail_on_leak and self.exit_code == 0:
             from torchmem.integrations.runner import exit_status
 
             exit_status.fail_with(1)
-            lines += ["", f"torchmem: exit code 1: the script leaked {_leaked_text(self._report)} (--fail-on-leak)"]
+            why = [f"leaked {_leaked_text(self._report)}"] if leaked else []
+            why += ["grew over its training steps"] if grew else []
+            lines += ["", f"torchmem: exit code 1: the script {' and '.join(why)} (--fail-on-leak)"]
         # Quiet and nothing to act on: nothing at all, as the script alone would print.
         lines = header + lines if lines or not self.quiet else []
         local_text = "\n".join(lines)
@@ -186,6 +205,7 @@ class Session:
             "summary": summary,
             "released_with_globals_bytes": held_by_globals if self._report is not None else None,
             "leaks": self._report.to_dict() if self._report is not None else None,
+            "growth": self.growth.to_dict() if self.growth is not None else None,
             "snapshot": self.snapshot_path,
             "rss": None
             if self._rss is None

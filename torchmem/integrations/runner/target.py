@@ -9,6 +9,7 @@ script to stay ``__main__``, with its own globals, until it has reported at exit
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib.util
 import io
@@ -32,9 +33,11 @@ class Target:
         return self.script if self.script is not None else f"-m {self.module}"
 
 
-def code_for(target: Target) -> tuple[types.CodeType, dict]:
+def code_for(target: Target, transform=None) -> tuple[types.CodeType, dict]:
     """The code object to run and the module attributes ``__main__`` gets, like Python's.
 
+    ``transform(tree) -> tree``, when given, rewrites the program's syntax tree before it is
+    compiled (``--step-on`` decorates the script's step function; line numbers are kept).
     Raises OSError for a script that cannot be read, SyntaxError, and ImportError with
     Python's wording for a module that cannot be found or run."""
     if target.script is not None:
@@ -42,9 +45,13 @@ def code_for(target: Target) -> tuple[types.CodeType, dict]:
         with io.open_code(path) as file:
             source = file.read()
         # Absolute, as Python 3.9+ makes a script's __file__ and code file names.
-        code = compile(source, path, "exec", dont_inherit=True)
+        code = _compile(source, path, transform)
         return code, {"__file__": path, "__cached__": None, "__spec__": None, "__package__": None}
     spec, code = _module_code(target.module)
+    if transform is not None:
+        source = spec.loader.get_source(spec.name) if hasattr(spec.loader, "get_source") else None
+        if source is not None:
+            code = _compile(source, spec.origin, transform)
     return code, {
         "__file__": spec.origin,
         "__cached__": spec.cached,
@@ -52,6 +59,13 @@ def code_for(target: Target) -> tuple[types.CodeType, dict]:
         "__package__": spec.parent,
         "__loader__": spec.loader,
     }
+
+
+def _compile(source, path: str, transform) -> types.CodeType:
+    if transform is None:
+        return compile(source, path, "exec", dont_inherit=True)
+    tree = transform(ast.parse(source, path))
+    return compile(tree, path, "exec", dont_inherit=True)
 
 
 def _module_code(name: str):
@@ -147,3 +161,8 @@ def print_exception(exc_type, exc, tb) -> None:
         if tb is not None:
             traceback.clear_frames(tb)
         exc.__traceback__ = None
+
+
+# The name under which ``--step-on`` wraps the script's own step function (a dunder global
+# of ``__main__``: kept when the script's globals are released at exit).
+STEP_DECORATOR = "__torchmem_step__"
