@@ -97,3 +97,5 @@ def test_a_rank_that_sent_nothing_is_named_and_the_page_has_the_others(tmp_path)
     assert "torchmem: the job HTML report has no section for rank 1: no report after waiting 10 s" in stderr
     text = _page_text(page)
     assert "train.py (rank 0 of 2)" in text and "(rank 1 of 2)" not in text
+    # The page says so too, in the ranks' table.
+    assert "no capture from this rank: no report after waiting 10 s" in text

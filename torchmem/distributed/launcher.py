@@ -456,7 +456,10 @@ class RunJob:
         lines = []
         if captures:
             try:
-                _html.write_html(self.combined_html_path, _capture.combine_captures(captures))
+                combined = _capture.combine_captures(captures)
+                # The page names the ranks it lacks too, not only this output.
+                combined.data["meta"]["missing_ranks"] = {str(rank): why for rank, why in sorted(absent.items())}
+                _html.write_html(self.combined_html_path, combined)
                 shown = format_ranks(sorted(c.meta.get("rank") for c in captures if c.meta.get("rank") is not None))
                 lines += ["", f"job HTML report written to {self.combined_html_path} ({shown})"]
             except OSError as error:

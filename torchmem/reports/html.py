@@ -497,7 +497,8 @@ def _page(capture) -> tuple[dict, list]:
         figure = _ranks_figure([r.data for r in capture.ranks])
         if figure is not None:
             charts.append(figure)
-        job = {"rows": _rank_rows([r.data for r in capture.ranks]), "figure": figure}
+        missing = sorted((capture.meta.get("missing_ranks") or {}).items(), key=lambda item: int(item[0]))
+        job = {"rows": _rank_rows([r.data for r in capture.ranks]), "figure": figure, "missing": missing}
     return {"title": capture.label, "parts": ranks, "job": job, "meta": capture.meta,
             "source": capture.source}, charts
 
