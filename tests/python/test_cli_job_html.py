@@ -8,9 +8,12 @@ from __future__ import annotations
 import html
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 240
@@ -63,6 +66,17 @@ def _script(tmp_path) -> str:
     return str(path)
 
 
+def _load_in_chromium(path) -> str:
+    """The page's DOM after headless Chromium ran its scripts (Debian's ``chromium``)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("this test needs Debian's chromium: apt-get install chromium (scripts/install.sh installs it)")
+    result = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", f"file://{path}"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def _page_text(path) -> str:
     """The page's visible text, roughly: tags dropped, entities decoded."""
     return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
@@ -84,6 +98,12 @@ def test_rank_0_writes_one_page_for_the_job_with_a_section_per_rank(tmp_path):
     rank_0, rank_1 = text.split("Rank 1: ")[0].split("Rank 0: ")[1], text.split("Rank 1: ")[1]
     assert "steplog.HISTORY" in rank_1 and "steplog.HISTORY" not in rank_0
     assert "768.0 KiB in 3 blocks" in rank_1
+    # The page runs in a browser: no script error, and every chart (each rank's own) drawn.
+    dom = _load_in_chromium(page)
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    assert "data-script-errors" not in body, re.search(r'id="torchmem-errors"[^>]*>([^<]*)', dom).group(1)
+    places = re.findall(r'<div class="chart[^"]*" id="([^"]+)"', dom)
+    assert len(places) == len(set(places)) == int(re.search(r'data-charts-drawn="(\d+)"', body).group(1)) > 2
 
 
 def test_a_rank_that_sent_nothing_is_named_and_the_page_has_the_others(tmp_path):
