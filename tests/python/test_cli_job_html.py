@@ -9,6 +9,7 @@ import html
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -119,3 +120,33 @@ def test_a_rank_that_sent_nothing_is_named_and_the_page_has_the_others(tmp_path)
     assert "train.py (rank 0 of 2)" in text and "(rank 1 of 2)" not in text
     # The page says so too, in the ranks' table.
     assert "no capture from this rank: no report after waiting 10 s" in text
+
+
+def test_with_no_job_report_every_rank_writes_a_page_and_files_of_its_own(tmp_path):
+    """--no-job-report: each rank reports alone, so each writes its own page (``job.rank1.html``)
+    and JSON, instead of every rank writing (or refusing to overwrite) the same file."""
+    script = _script(tmp_path)
+    port = str(_free_port())
+    command = [sys.executable, "-m", "torchmem", "run", "--no-job-report", "--no-capture", "--html", "job.html",
+               "--json", "run.json", script]
+    processes = [
+        subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_environment(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+        for rank in (0, 1)
+    ]
+    results = [process.communicate(timeout=TIMEOUT) + (process.returncode,) for process in processes]
+    for rank, (stdout, stderr, code) in enumerate(results):
+        assert code == 0, stderr[-5000:]
+        assert f"HTML report written to {tmp_path / f'job.rank{rank}.html'}" in stderr, stderr[-3000:]
+        assert f"JSON report written to {tmp_path / f'run.rank{rank}.json'}" in stderr
+        assert f"train.py (rank {rank} of 2)" in _page_text(tmp_path / f"job.rank{rank}.html")
+    assert not (tmp_path / "job.html").exists() and not (tmp_path / "run.json").exists()
+    assert "steplog.HISTORY" in _page_text(tmp_path / "job.rank1.html")
+    assert "steplog.HISTORY" not in _page_text(tmp_path / "job.rank0.html")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

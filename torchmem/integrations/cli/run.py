@@ -174,8 +174,22 @@ def _job_run(args: argparse.Namespace):
         return None
     args.rank_label = f" (rank {env.rank} of {env.world_size})"
     if args.no_job_report:
+        args.alone_rank = env.rank  # every rank reports alone: to files of its own
         return None
     return launcher.RunJob(env, launcher.DEFAULT_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout)
+
+
+def _alone_rank(args: argparse.Namespace) -> int | None:
+    """This process's rank when a launcher started it with --no-job-report, else None."""
+    return getattr(args, "alone_rank", None)
+
+
+def _own_file(args: argparse.Namespace, path: str | None) -> str | None:
+    """``path`` for this rank alone (``mem.rank1.pickle``), so ranks reporting alone do not
+    write one another's files."""
+    from torchmem.distributed.launcher import rank_path
+
+    return None if path is None else rank_path(path, args.alone_rank)
 
 
 def _job_options(args: argparse.Namespace) -> dict:
@@ -201,6 +215,9 @@ def _run_files(args: argparse.Namespace, target, job):
     html_arg = args.html
     if job is not None and args.capture:
         capture_arg = job.per_rank(capture_arg)  # the default name has the pid: one per rank already
+    if _alone_rank(args) is not None:
+        capture_arg = _own_file(args, capture_arg) if args.capture else capture_arg
+        html_arg = _own_file(args, html_arg)
     for_job = job is not None and html_arg is not None
     if for_job:
         # One page for the job, written by rank 0 from every rank's capture.
@@ -239,6 +256,8 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     target = _target(args)
     job = _job_run(args)
     snapshot_arg, json_arg = args.snapshot, args.json
+    if _alone_rank(args) is not None:
+        snapshot_arg, json_arg = _own_file(args, args.snapshot), _own_file(args, args.json)
     if job is not None:
         # One file per rank, the rank in its name; rank 0 also writes the combined JSON.
         snapshot_arg, json_arg = job.per_rank(args.snapshot), job.per_rank(args.json)
