@@ -165,8 +165,9 @@ class Session:
         local_text = "\n".join(lines)
         if self.job is not None:
             files = {"snapshot": self.snapshot_path, "json": self.json_path}
+            capture = self.files.job_capture() if self.files is not None else None
             self.job.finish(summary=summary, leak_report=self._report, exit_code=self.exit_code, files=files,
-                            label=label, local_text=local_text)
+                            label=label, local_text=local_text, capture=capture)
             return
         if local_text:
             print(local_text, file=out)
