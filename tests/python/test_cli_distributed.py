@@ -238,3 +238,14 @@ def test_no_job_report_gives_every_rank_its_own_report(tmp_path):
         assert "torchmem summary: cpu" in result.stderr
         assert f"train.py (rank {results.index(result)} of 2) exited with code 0" in result.stderr
         assert "torchmem job report" not in result.stderr
+
+
+def test_fail_on_leak_under_torchrun_fails_the_rank_that_leaked_and_says_why(tmp_path):
+    write(tmp_path / "steplog.py", STEPLOG)
+    script = write(tmp_path / "train.py", TRAIN)
+    result = torchrun("run", "--fail-on-leak", "--dist-timeout", "120", script, cwd=tmp_path)
+
+    assert result.returncode != 0, result.stderr[-3000:]  # the job fails: rank 1 exited 1
+    assert "torchmem (rank 1 of 2): exit code 1: the script leaked 768.0 KiB in 3 blocks (--fail-on-leak)" \
+        in result.stderr, result.stderr[-3000:]
+    assert "torchmem (rank 0 of 2): exit code 1" not in result.stderr
