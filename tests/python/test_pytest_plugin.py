@@ -384,6 +384,8 @@ def test_fixture_parameter(torchmem_leak_check):
         (("--torchmem-cycles=sometimes",), "*--torchmem-cycles / torchmem_cycles must be 'repeating'*"),
         (("--torchmem-cycle-repeats=1",), "*--torchmem-cycle-repeats / torchmem_cycle_repeats must be an int >= 2*"),
         (("--torchmem-allow-arguments=maybe",), "*--torchmem-allow-arguments / torchmem_allow_arguments must be yes or no*"),
+        (("--torchmem-dist-timeout=0",), "*--torchmem-dist-timeout / torchmem_dist_timeout must be seconds > 0, got 0.0*"),
+        (("--torchmem-dist-timeout=soon",), "*--torchmem-dist-timeout / torchmem_dist_timeout must be seconds > 0, got 'soon'*"),
     ],
 )
 def test_bad_cycle_and_argument_settings_are_usage_errors(pytester, run_pytest, arguments, message):
