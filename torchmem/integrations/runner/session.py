@@ -157,7 +157,8 @@ class Session:
         if self.job is not None:
             files = {"snapshot": self.snapshot_path, "json": self.json_path}
             self.job.finish(summary=summary, leak_report=self._report, exit_code=self.exit_code, files=files,
-                            label=label, local_text=local_text)
+                            label=label, local_text=local_text,
+                            growth_report=None if self.growth is None else self.growth.report)
             if verdict is not None:  # rank 0 printed the job's report; each failing rank says why it fails
                 print(verdict, file=out)
                 out.flush()
