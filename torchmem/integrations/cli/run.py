@@ -189,16 +189,12 @@ def _training_growth(step_on: list[str], module: str | None):
     return TrainingGrowth(step_on, script_module=module)
 
 
-def execute(args: argparse.Namespace, prog: str) -> int:
+def _checked_options(args: argparse.Namespace, target, job) -> tuple[str | None, str | None]:
+    """Refuses, before anything is installed or run, what cannot work; returns the snapshot
+    and JSON paths this process writes (one per rank under a launcher)."""
     from torchmem.integrations.runner import exit_status
-    from torchmem.integrations.runner import target as _target_module
-    from torchmem.integrations.runner.session import Session
     from torchmem.integrations.runner.steps import parse_step_on
 
-    # First, before torch is imported: its exit function must run after all others.
-    exit_status.arm()
-    target = _target(args)
-    job = _job_run(args)
     snapshot_arg, json_arg = args.snapshot, args.json
     if job is not None:
         # One file per rank, the rank in its name; rank 0 also writes the combined JSON.
@@ -226,6 +222,19 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     if target.script is not None and not os.path.isfile(target.script):
         reason = "is a directory" if os.path.isdir(target.script) else "No such file"
         raise UsageError(f"can't open file {target.script!r}: {reason}")
+    return snapshot_path, json_path
+
+
+def execute(args: argparse.Namespace, prog: str) -> int:
+    from torchmem.integrations.runner import exit_status
+    from torchmem.integrations.runner import target as _target_module
+    from torchmem.integrations.runner.session import Session
+
+    # First, before torch is imported: its exit function must run after all others.
+    exit_status.arm()
+    target = _target(args)
+    job = _job_run(args)
+    snapshot_path, json_path = _checked_options(args, target, job)
 
     served = _install(args.device)
     if job is not None:
