@@ -69,3 +69,30 @@ def test_the_collector_behaves_inside_a_check_as_outside():
     assert inside["objects"] > 0.9 * outside["objects"], (inside["objects"], outside["objects"])
     assert report.finished and not report.leaked
     HOLDER["made before the check"] = None
+
+
+def test_the_young_garbage_a_check_finds_without_collecting_is_what_the_collector_finds():
+    from torchmem.leaks import collector
+
+    gc.collect()
+    gc.disable()
+    try:
+        kept = [Node() for _ in range(3)]  # reachable: not garbage
+        for _ in range(5):
+            Node()  # a cycle dropped: garbage
+        found = collector.young_garbage()
+        found_ids = {id(obj) for obj in found}
+        del found
+        flags, saved_before = gc.get_debug(), len(gc.garbage)
+        gc.set_debug(flags | gc.DEBUG_SAVEALL)
+        try:
+            gc.collect(1)
+        finally:
+            gc.set_debug(flags)
+        saved_ids = {id(obj) for obj in gc.garbage[saved_before:]}
+        del gc.garbage[saved_before:]
+    finally:
+        gc.enable()
+
+    assert found_ids == saved_ids
+    assert len(found_ids) >= 5 and not found_ids & {id(node) for node in kept}

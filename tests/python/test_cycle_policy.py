@@ -37,8 +37,9 @@ class MetricLike:
 
 class Wrapper:
     """Holds several metric-like objects, and is in a cycle itself, as torchmetrics'
-    MetricCollection, BootStrapper and MetricTracker are (they are Metrics or modules that
-    refer to themselves): dropped, it leaves one island of garbage, not one per metric."""
+    BootStrapper is (a Metric): dropped, it is the one top above all its copies' cycles, so
+    they count once. (MetricTracker and MetricCollection are in no cycle: reference counting
+    frees them and their copies count like a loop's.)"""
 
     def __init__(self, count: int):
         self.metrics = [MetricLike() for _ in range(count)]

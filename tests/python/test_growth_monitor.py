@@ -8,7 +8,12 @@ Each test runs the loop under ``GrowthMonitor`` and asserts what the report says
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,7 +213,9 @@ def test_buffers_accumulated_and_flushed_every_few_steps_are_not_growth():
 
     assert not report.has_growth
     (history,) = [growth for growth in report.considered if growth.kind == "tag"]
-    assert history.reason == "net +128.0 KiB is only 2 step increase(s) of ~64.0 KiB (fewer than 3): not kept step after step"
+    assert history.reason == (
+        "net +128.0 KiB is only 2 step increase(s) of ~64.0 KiB (fewer than 3): not kept step after step"
+    )
 
 
 # --- categories ----------------------------------------------------------------------------------
@@ -255,3 +262,20 @@ def test_a_monitor_on_a_device_torchmem_does_not_serve_says_it_cannot_judge():
         "memory allocated there never reached it; call torchmem.install('cpu') before the loop (or run the "
         "script with `python -m torchmem run`)"
     )
+
+
+# --- the documentation's example -----------------------------------------------------------------
+
+
+def test_the_example_in_docs_growth_md_prints_what_the_page_shows(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "growth.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    shown = re.search(r"```text\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "example.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+
+    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown

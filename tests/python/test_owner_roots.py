@@ -10,6 +10,7 @@ report says what the topmost holder is and why the walk stopped there.
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import types
 
@@ -91,6 +92,7 @@ def test_a_class_attribute_holding_an_object_that_many_others_refer_to_is_the_ro
 
     assert held_by(report) == [f"{MODULE}.Registry.current.state.items[0..3].buf"]
     assert "no named root" not in report.render()
+    assert "holder search stopped" not in report.render()  # the buffers not followed hide no name
 
 
 def test_a_class_level_dict_that_instances_share_as_their_dict_is_the_root():
@@ -172,6 +174,20 @@ def test_a_module_only_sys_modules_holds_is_named_by_its_entry():
     assert held_by(report) == ["plugin_state_registry.trainer.state.items[0].buf"]
 
 
+class LazyModule:
+    """What some libraries put in sys.modules in place of their module."""
+
+
+def test_an_object_standing_in_for_a_module_in_sys_modules_is_named_by_its_entry():
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        stand_in = LazyModule()
+        stand_in.cache = [torch.zeros(309)]
+        sys.modules["plugin_state_registry"] = stand_in
+        del stand_in
+
+    assert held_by(report) == ["sys.modules['plugin_state_registry'].cache[0]"]
+
+
 # --- when the walk stops without a named root ------------------------------------------------
 
 
@@ -232,6 +248,42 @@ def test_a_walk_that_followed_every_referrer_says_nothing_named_reaches_the_top(
         "and only objects on the path (a reference cycle) or torchmem's own do: garbage not yet collected, "
         "or a cycle that something outside Python's view keeps"
     )
-    import gc
+    gc.collect()
 
+
+def make_registry_class():
+    class LocalRegistry:
+        items: list = []
+
+    return LocalRegistry
+
+
+REGISTRY_CLASS = make_registry_class()  # a class made in a function, bound to a module global
+
+
+def test_a_class_made_inside_a_function_is_named_by_the_module_global_bound_to_it():
+    with torchmem.leak_check(raise_on_leak=False) as report:
+        REGISTRY_CLASS.items.append(Buffer(torch.zeros(307)))
+
+    assert held_by(report) == [f"{MODULE}.REGISTRY_CLASS.items[0].buf"]
+    REGISTRY_CLASS.items.clear()
+
+
+def test_a_walk_that_dropped_referrers_of_a_crowded_object_says_so():
+    # A trainer its 100 children point back to, in a cycle nothing named holds (the collector
+    # has not run): the walk follows 16 referrers of one type per object and names none.
+    trainer = Trainer()
+    trainer.state.items.append(Buffer(torch.zeros(308)))
+    trainer.children = [Buffer(owner=trainer) for _ in range(100)]
+    block = block_triple(trainer.state.items[0].buf)
+    del trainer
+
+    result = _owners.find_owners([block])
+
+    (owner,) = result.owners[block[:2]]
+    assert owner.kind == "unnamed" and result.stopped_early
+    assert result.notes[block[:2]] == (
+        "no named root above the topmost holder reached, a list: a Trainer on the path is referred to by "
+        "100 objects or more, and the 16 the walk followed lead to no name"
+    )
     gc.collect()

@@ -31,7 +31,9 @@ reconfigured while the checked code runs: it sees what it sees outside a check.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import sys
 import threading
 import warnings
@@ -85,6 +87,7 @@ class _OpenCheck:
     capture: object = None
     expected: set = field(default_factory=set)  # (device, address, sequence)
     returned: set = field(default_factory=set)  # the same, for what a decorated function returned
+    yielded: set = field(default_factory=set)  # the same, for what a decorated generator yielded
     allowed_roots: tuple = ()  # AllowedRoots of this entry only (what a decorated function returned)
     unseen_cuda_start: dict | None = None  # PyTorch's own CUDA allocator's bytes per device at enter
 
@@ -180,16 +183,37 @@ def expect_alive(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+_MAX_RETURNED_ITEMS = 100_000  # containers' items looked at for returned tensors (a huge list: its start)
+
+
 def _returned_tensors(result) -> list[torch.Tensor]:
-    """Tensors in what a decorated function returned: the value itself, or the items of a
-    returned tuple/list/dict (one level deep)."""
-    if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, dict):
-        result = list(result.values())
-    if isinstance(result, (tuple, list)):
-        return [item for item in result if isinstance(item, torch.Tensor)]
-    return []
+    """Tensors in what a decorated function returned, at any nesting depth: the value
+    itself, the items of tuples (named ones too), lists, sets and dicts (keys and values),
+    and the fields of dataclass instances. Other objects are followed by the owner search
+    (``allow_returned`` makes the whole result an allowed root)."""
+    found = []
+    seen: set[int] = set()
+    pending = [result]
+    budget = _MAX_RETURNED_ITEMS
+    while pending and budget > 0:
+        value = pending.pop()
+        budget -= 1
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+            continue
+        if id(value) in seen:
+            continue
+        if isinstance(value, dict):
+            seen.add(id(value))
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, (tuple, list, set, frozenset)):
+            seen.add(id(value))
+            pending.extend(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            seen.add(id(value))
+            pending.extend(getattr(value, item.name, None) for item in dataclasses.fields(value))
+    return found
 
 
 _INSTALL_HINT = (
@@ -315,11 +339,13 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 f"torchmem.leak_check: this check is open on another thread (entered at {self._open.site}); "
                 "create one leak_check per thread"
             )
+        _served_or_refuse(self.devices)
+        # CUDA memory PyTorch's own allocator holds now: what it holds more at exit was
+        # allocated inside, where this check cannot see (said in the report, never "no leaks").
         if self.devices is None or any(not name.startswith("cpu") for name in self.devices):
             unseen_cuda_start = _native_cuda_bytes()
         else:
             unseen_cuda_start = None
-        _served_or_refuse(self.devices)
         self.entries += 1
         report = LeakReport(
             entry=self.entries, warmup=self.entries <= self.warmup, max_leaked_bytes=self.max_leaked_bytes,
@@ -434,14 +460,60 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         if entry.capture is not None:
             entry.capture.__exit__(None, None, None)
 
+    # --- for wrappers (torchmem.distributed's collective check) ------------------------
+    @property
+    def is_open(self) -> bool:
+        """True while an entry of this check is open (between its enter and exit)."""
+        return self._open is not None
+
+    def enter(self, site: str | None = None) -> LeakReport:
+        """Opens an entry, as ``with`` does; ``site`` is what reports and errors call the
+        place it was entered (default: the caller's file and line). For code that wraps a
+        check: ``torchmem.distributed.leak_check`` enters its rank's check with it."""
+        return self._enter(site=site if site is not None else _caller_site(2))
+
+    def allow_returned(self, result, *, yielded: bool = False) -> None:
+        """Allows what ``result`` holds to outlive the entry open on this thread, as the
+        decorator does with what a function returns: tensors in it at any nesting depth
+        (tuples, named tuples, lists, sets, dicts, dataclasses), and anything held only
+        through it (an object holding tensors: the owner search starts at ``result``).
+        ``yielded``: ``result`` is an item a generator yielded. Does nothing when no entry is
+        open on this thread."""
+        entry = self._open
+        if entry is None or entry.thread != threading.get_ident():
+            return
+        identities = entry.yielded if yielded else entry.returned
+        for tensor in _returned_tensors(result):
+            identity = _block_identity(tensor)
+            if identity is not None:
+                identities.add(identity)
+        note = "yielded by the checked generator" if yielded else "returned by the checked function"
+        entry.allowed_roots += (_owners.AllowedRoot("result", result, f"held only through result, {note}"),)
+
     # --- decorator ------------------------------------------------------------------
     def __call__(self, func):
-        """Checks every call of ``func``; tensors it returns are allowed to survive."""
+        """Checks every call of ``func``; what it returns is allowed to survive.
+
+        Coroutine functions (``async def``) are checked while the coroutine runs, from its
+        first step to its return; generator functions from the first item asked for to
+        their exhaustion or ``close()``, what they yield being allowed like a return value
+        (what the consuming loop keeps between items is allocated inside, and counts).
+        """
         if not callable(func):
             raise TypeError(
                 f"torchmem.leak_check(...) decorates a function, got {type(func).__name__}; "
                 "write @torchmem.leak_check() (with parentheses) or use it in a with-statement"
             )
+        if inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"torchmem.leak_check() cannot decorate the async generator {func.__qualname__}: its items are "
+                "produced across awaits of the consumer; use `with torchmem.leak_check():` around the code that "
+                "consumes it, or inside it"
+            )
+        if inspect.iscoroutinefunction(func):
+            return self._checked_coroutine(func)
+        if inspect.isgeneratorfunction(func):
+            return self._checked_generator(func)
 
         @functools.wraps(func)
         def checked(*args, **kwargs):
@@ -455,13 +527,77 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 if not self.__exit__(*sys.exc_info()):
                     raise
                 return None
-            opened = self._open
-            if opened is not None:
-                for tensor in _returned_tensors(result):
-                    identity = _block_identity(tensor)
-                    if identity is not None:
-                        opened.returned.add(identity)
+            self.allow_returned(result)
             self.__exit__(None, None, None)
             return result
 
         return checked
+
+    def _checked_coroutine(self, func):
+        site = _definition_site(func)
+
+        @functools.wraps(func)
+        async def checked(*args, **kwargs):
+            entry = self._open
+            if entry is not None and entry.thread == threading.get_ident():
+                return await func(*args, **kwargs)  # awaited inside its own check
+            self._enter(site=site)
+            try:
+                result = await func(*args, **kwargs)
+            except BaseException:
+                if not self.__exit__(*sys.exc_info()):
+                    raise
+                return None
+            self.allow_returned(result)
+            self.__exit__(None, None, None)
+            return result
+
+        return checked
+
+    def _checked_generator(self, func):
+        site = _definition_site(func)
+
+        @functools.wraps(func)
+        def checked(*args, **kwargs):
+            entry = self._open
+            if entry is not None and entry.thread == threading.get_ident():
+                return (yield from func(*args, **kwargs))  # iterated inside its own check
+            self._enter(site=site)
+            try:
+                generator = func(*args, **kwargs)
+                item = next(generator)
+                while True:
+                    self.allow_returned(item, yielded=True)
+                    try:
+                        sent = yield item
+                    except GeneratorExit:  # closed before its end: check what it left so far
+                        del item
+                        generator.close()
+                        break
+                    except BaseException as error:  # thrown in: the generator decides
+                        del item  # not kept while the next one is made
+                        item = generator.throw(error)
+                    else:
+                        del item
+                        item = generator.send(sent)
+            except StopIteration as stop:
+                result = stop.value
+            except BaseException:
+                if not self.__exit__(*sys.exc_info()):
+                    raise
+                return None
+            else:
+                result = None  # closed early
+            self.allow_returned(result)
+            self.__exit__(None, None, None)
+            return result
+
+        return checked
+
+
+def _definition_site(func) -> str:
+    """``file:line (qualname)`` of a function: where a coroutine or generator check is entered
+    from cannot be told (its first step runs from an event loop or a for-loop)."""
+    code = getattr(func, "__code__", None)
+    name = getattr(func, "__qualname__", repr(func))
+    return f"{short_path(code.co_filename)}:{code.co_firstlineno} ({name})" if code is not None else name

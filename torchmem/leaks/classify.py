@@ -152,6 +152,8 @@ class Classifier:
             return "declared with torchmem.expect_alive"
         if identity in self.entry.returned:
             return "returned by the checked function"
+        if identity in self.entry.yielded:
+            return "yielded by the checked generator"
         if block["context"]:
             return torch_caches.reason(self._stack(block["context"]), block["requested_size"])
         return None
@@ -214,7 +216,25 @@ class Classifier:
         if not young:
             held = set(holders) - released
             return held, {key: holder for key, holder in holders.items() if key in held}
-        gc.collect(collector.YOUNG)  # frees what was only found
+        # Frees what was only found. What another thread releases meanwhile is not the
+        # collector's doing: the blocks gone when the collection starts (after the other
+        # callbacks, a Gloo worker's release among them) are set apart.
+        at_start: set = set()
+
+        def note_released(phase, info):
+            if phase == "start" and not at_start:
+                at_start.add(None)
+                at_start.update((device, block["address"]) for device, block in candidates
+                                if not self._still_allocated(device, block))
+
+        gc.callbacks.append(note_released)
+        try:
+            gc.collect(collector.YOUNG)
+        finally:
+            gc.callbacks.remove(note_released)
+        at_start.discard(None)
+        released |= at_start
+        self.released_meanwhile |= at_start
         freed = {(device, block["address"]) for device, block in candidates
                  if not self._still_allocated(device, block)} - released
         return freed, {key: holder for key, holder in holders.items() if key in freed}

@@ -9,14 +9,15 @@ A check never changes what the checked code observes, so it does not touch the c
 while the code runs: no ``gc.freeze()`` (which hides every older object from
 ``gc.get_objects()`` and ``gc.get_referrers()`` and keeps older cycles from being collected,
 for the whole script under ``python -m torchmem run``). Its exit instead collects in two
-steps (``collect_saving_garbage(generation)``):
+steps:
 
 * the **young** generations first: the garbage the checked code dropped shortly before the
   exit is there, a metric built and dropped by a test among it. ``young_garbage()`` finds
-  it without collecting, as the collector would (a few ms at most: the young generations
-  hold at most a few thousand objects); the classifier inspects it, drops it and frees it
-  with ``gc.collect(1)``. (A saving collection, ``gc.DEBUG_SAVEALL``, would move what it
-  saved into the oldest generation, and only a collection of the whole heap frees it there.)
+  it without collecting, as the collector would (13 ms for 7,000 young objects, about what
+  its young generations hold at most while it runs on its own); the classifier inspects
+  it, drops it and frees it with ``gc.collect(1)``. (A saving collection,
+  ``gc.DEBUG_SAVEALL``, would move what it saved into the oldest generation, and only a
+  collection of the whole heap frees it there.)
 * the **whole heap** only when a block is still allocated after that: its holder may be a
   cycle the collector already moved to its oldest generation (long tests, long loops), or
   something that really holds it, which the owner search then names. One saving collection

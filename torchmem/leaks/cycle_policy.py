@@ -16,9 +16,11 @@ references go, not from whether the garbage happens to be connected:
 
 * each copy's cycle is traced *upwards* (``cycles.find_cycle_holders``): to the topmost
   cycles of the garbage that reach it, those no other garbage refers to;
-* copies that share such a top were dropped together: a ``MetricCollection``, a
-  ``BootStrapper`` of ten metric copies or a ``MetricTracker`` after five increments is
-  one top above all its copies, so they count once;
+* copies that share such a top were dropped together: a ``BootStrapper`` of ten metric
+  copies (a ``Metric``, in a cycle itself) is one top above all its copies, so they count
+  once; a container in no cycle (a ``MetricTracker``, a ``ModuleList``, a plain list) is
+  freed by reference counting and leaves its copies with no common top: they count like a
+  loop's, from ``cycle_repeats`` on;
 * copies with no common top were dropped one by one: ten copies left by a loop are ten,
   even though every copy refers to the same class, module, function or shared default,
   and even when that class is garbage too (a script's own class once ``run`` releases the

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from torchmem._support.units import format_bytes
 
-__all__ = ["Series", "Verdict", "judge", "MIN_ALLOCATIONS", "SLOPE_ERRORS"]
+__all__ = ["Series", "Verdict", "judge", "format_rate", "MIN_ALLOCATIONS", "SLOPE_ERRORS"]
 
 MIN_ALLOCATIONS = 3  # net growth, in typical step increases, that makes a trend (fewer steps: all of them)
 SLOPE_ERRORS = 3.0  # how many standard errors the slope must stand above zero
@@ -125,7 +125,8 @@ def _beyond_noise(slope: float, error: float) -> bool:
     return slope > 0 and slope >= SLOPE_ERRORS * error
 
 
-def _rate(slope: float, error: float) -> str:
+def format_rate(slope: float, error: float) -> str:
+    """``+32.0 KiB/step ± 239 B``: a slope, with its standard error when there is noise."""
     sign = "+" if slope >= 0 else "-"
     text = f"{sign}{format_bytes(round(abs(slope)))}/step"
     return f"{text} ± {format_bytes(round(error))}" if error >= 0.5 else text
@@ -155,7 +156,7 @@ def judge(series: Series) -> Verdict:
             f"(fewer than {needed}): not kept step after step",
         )
     if not _beyond_noise(slope, error):
-        return verdict(False, f"no trend beyond noise: slope {_rate(slope, error)}")
+        return verdict(False, f"no trend beyond noise: slope {format_rate(slope, error)}")
     third = max(1, len(values) // 3)
     floor_first, floor_last = min(values[:third]), min(values[-third:])
     if floor_last <= floor_first:
@@ -170,11 +171,11 @@ def judge(series: Series) -> Verdict:
     if not _beyond_noise(tail_slope, tail_error) or tail_slope * tail_steps < allocation:
         return verdict(
             False,
-            f"stopped growing: slope {_rate(tail_slope, tail_error)} over the last {tail_steps} steps "
+            f"stopped growing: slope {format_rate(tail_slope, tail_error)} over the last {tail_steps} steps "
             "(a cache that filled, state made once)",
         )
     return verdict(
         True,
-        f"rose on {series.rising_steps} of {steps} steps, slope {_rate(slope, error)}, "
+        f"rose on {series.rising_steps} of {steps} steps, slope {format_rate(slope, error)}, "
         f"net +{format_bytes(net)} (~{kept:.0f} allocations of {format_bytes(allocation)})",
     )

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from torchmem._support.files import short_path, source_line
 from torchmem._support.units import format_bytes
 from torchmem.leaks.owners import Owner
-from torchmem.leaks.report import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, REACHABLE, Finding, LeakReport
+from torchmem.leaks.kinds import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, REACHABLE
 from torchmem.runtime.tags import UNTAGGED
 from torchmem.stacks.frames import folds_runner_frames, is_library, is_marker, is_users_own
+
+if TYPE_CHECKING:  # annotations only: the report module imports this one to render itself
+    from torchmem.leaks.report import Finding, LeakReport
 
 _STACK_LINES = 4  # frames shown under "allocated at", from the allocation site outward
 

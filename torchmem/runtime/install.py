@@ -9,12 +9,16 @@ allocation about to fail runs ``gc.collect()`` once and retries.
 
 from __future__ import annotations
 
+from typing import Union
 
 import torch
 
 from torchmem._support.locks import ForkSafeLock
 from torchmem import _C
-from torchmem.runtime.devices import DeviceLike
+
+# How a user names a device (``torchmem.runtime.devices`` re-exports it; defined here so that
+# ``devices``, which asks this module what is installed, and this module do not import each other).
+DeviceLike = Union[str, torch.device, int, None]
 
 _lock = ForkSafeLock()
 _cuda_installed = False

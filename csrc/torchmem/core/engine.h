@@ -242,6 +242,10 @@ class Engine {
   // backend has no virtual memory API.
   absl::Status SetPlacement(Placement placement);
   Placement placement() const;
+  // The backend now grants access to its virtual-memory pages to more
+  // devices (a peer): sets the access of every page mapped so far again
+  // (engine_vmm.cc; issue 20). OK without virtual memory.
+  absl::Status RefreshVirtualMemoryAccess();
 
   // Limits the sum of segment sizes (0 removes the limit). A limit below the
   // bytes already reserved only stops growth.

@@ -1,6 +1,9 @@
 """The ``torchmem`` command (also ``python -m torchmem``): one module per subcommand.
 
     torchmem run train.py --lr 3e-4        # a script under torchmem, reported at exit (cli/run.py)
+    torchmem report CAPTURE [--html PATH]  # a saved capture as text, JSON or HTML (cli/report.py)
+    torchmem stats CAPTURE                 # its allocation statistics (cli/stats.py)
+    torchmem diff OLD NEW                  # what changed, by site or tag (cli/diff.py)
     torchmem demo                          # the Composer metrics leak, found (cli/demo.py)
     torchmem --version
 
@@ -21,7 +24,7 @@ from torchmem.integrations.cli.common import EXIT_USAGE, PROG, UsageError
 __all__ = ["main"]
 
 # Modules of this package, in the order ``--help`` lists them.
-SUBCOMMANDS = ("run", "demo")
+SUBCOMMANDS = ("run", "report", "stats", "diff", "demo")
 
 
 def _subcommand(name: str):

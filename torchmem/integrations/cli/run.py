@@ -76,6 +76,19 @@ def add_parser(commands, prog: str) -> argparse.ArgumentParser:
         help="events the snapshot's timeline keeps per device (default 100000; 0 for state only)",
     )
     run.add_argument("--json", metavar="PATH", help="write the summary and leak findings as JSON at exit")
+    # The capture, the HTML report and the out-of-memory report: torchmem/reports/run_files.py, oom_report.py.
+    run.add_argument(
+        "--capture", metavar="PATH",
+        help="where to write the capture at exit (default torchmem-<script>.<pid>.tmem; render it later with "
+        "torchmem report)",
+    )
+    run.add_argument("--no-capture", action="store_true", help="write no capture file (and record no trace for it)")
+    run.add_argument("--html", metavar="PATH", help="write the HTML report at exit (one file, opens without a network)")
+    run.add_argument(
+        "--oom-report", metavar="DIR",
+        help="at the first out-of-memory error write the capture and the HTML report into DIR; the error the "
+        "script sees is unchanged (also: TORCHMEM_OOM_REPORT=DIR)",
+    )
     run.add_argument(
         "--rss",
         action="store_true",
@@ -104,7 +117,8 @@ def add_parser(commands, prog: str) -> argparse.ArgumentParser:
         "(also: TORCHMEM_FAIL_ON_LEAK=1)",
     )
     run.add_argument(
-        "-f", "--force", action="store_true", help="overwrite the --json / --snapshot files if they exist"
+        "-f", "--force", action="store_true",
+        help="overwrite the --json / --snapshot / --capture / --html files if they exist"
     )
     run.add_argument(
         "-q", "--quiet", action="store_true",
@@ -174,6 +188,23 @@ def _job_options(args: argparse.Namespace) -> dict:
     }
 
 
+def _run_files(args: argparse.Namespace, target, job):
+    """The capture (default ``torchmem-<script>.<pid>.tmem``) and HTML report to write at exit."""
+    from torchmem.reports.run_files import RunFiles, default_name
+
+    if args.no_capture and args.capture:
+        raise UsageError("--capture PATH and --no-capture contradict each other: drop one")
+    capture_arg = None if args.no_capture else (args.capture or default_name(target.script, target.module))
+    html_arg = args.html
+    if job is not None and args.capture:
+        capture_arg = job.per_rank(capture_arg)  # the default name has the pid: one per rank already
+    if job is not None:
+        html_arg = job.per_rank(html_arg)
+    capture_path = check_writable("--capture", capture_arg, force=args.force) if capture_arg else None
+    html_path = check_writable("--html", html_arg, force=args.force) if html_arg else None
+    return RunFiles(capture_path, html_path, label=target.label, announce_capture=bool(args.capture) or not args.quiet)
+
+
 def _install(device: str) -> list[str]:
     from torchmem.integrations import devices
 
@@ -217,6 +248,7 @@ def _checked_options(args: argparse.Namespace, target, job) -> tuple[str | None,
             raise UsageError(str(error)) from None
     if args.step_on and args.no_leak_report:
         raise UsageError("--step-on needs the leak report (the growth check is part of it): drop --no-leak-report")
+    files = _run_files(args, target, job)
     if args.history_entries is not None and snapshot_path is None:
         raise UsageError("--history-entries only matters with --snapshot PATH")
     if target.script is not None and not os.path.isfile(target.script):
@@ -237,6 +269,13 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     snapshot_path, json_path = _checked_options(args, target, job)
 
     served = _install(args.device)
+    if args.oom_report is not None:
+        from torchmem.reports import oom_report
+
+        try:
+            oom_report.oom_report(args.oom_report)
+        except OSError as error:
+            raise UsageError(f"--oom-report {args.oom_report}: {error}") from None
     if job is not None:
         from torchmem.distributed.launcher import LaunchError
 
@@ -270,9 +309,11 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     if snapshot_path is not None:
         entries = _snapshot.DEFAULT_MAX_ENTRIES if args.history_entries is None else args.history_entries
         _snapshot.record_trace(entries)
+    elif files.wanted and _snapshot.trace_max_entries() == 0:
+        _snapshot.record_trace()  # the timeline and the sites by peak bytes of the capture
     session = Session(
         target, served, snapshot_path, json_path, leak_report=not args.no_leak_report, rss=args.rss, job=job,
-        fail_on_leak=args.fail_on_leak, quiet=args.quiet, growth=growth,
+        fail_on_leak=args.fail_on_leak, quiet=args.quiet, growth=growth, files=files,
     )
     session.rank_label = getattr(args, "rank_label", "")
     # Registered before the script runs, so called after every atexit function it registers.

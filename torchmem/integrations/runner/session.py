@@ -23,9 +23,10 @@ class Session:
 
     def __init__(
         self, target: Target, served: list[str], snapshot_path, json_path, *, leak_report: bool, rss: bool = False,
-        job=None, fail_on_leak: bool = False, quiet: bool = False, growth=None,
+        job=None, fail_on_leak: bool = False, quiet: bool = False, growth=None, files=None,
     ):
         self.growth = growth  # runner.growth.TrainingGrowth: memory per training step, or None
+        self.files = files  # torchmem.reports.run_files.RunFiles: the capture and HTML report, if any
         self.fail_on_leak = fail_on_leak  # exit status 1 when the script leaked (and exited 0)
         self.quiet = quiet  # print only what needs action: the leaks, files written, problems
         self.job = job  # torchmem.distributed.launcher.RunJob when a launcher started many ranks
@@ -96,6 +97,12 @@ class Session:
                 problems.append(f"no RSS report: {error}")
         if self.growth is not None:
             self.growth.stop()  # the steps are over; judged before the globals go
+        if self.files is not None:
+            try:
+                self.files.collect()  # the state at the end of the script, before its globals go
+            except Exception as error:  # noqa: BLE001 - reported, and the rest still runs
+                problems.append(f"no capture: {error}")
+                self.files = None
         summary = _summary.summary_dict()
         held_by_globals = 0
         if self._check is not None:
@@ -134,6 +141,10 @@ class Session:
                 f"  view it: python -m torch.cuda._memory_viz trace_plot {self.snapshot_path} -o memory.html"
                 "  (or drop it on https://pytorch.org/memory_viz)",
             ]
+        if self.files is not None:
+            written, failed = self.files.write(self._report)
+            lines += [""] + written if written else []
+            problems += failed
         if self.json_path is not None:
             try:
                 with open(self.json_path, "w") as file:

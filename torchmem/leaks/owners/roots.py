@@ -141,7 +141,7 @@ def warm_up() -> None:
 
 
 def global_name(function) -> str | None:
-    """``module.qualname`` if that name resolves to ``function``, else None."""
+    """``module.qualname`` if that name resolves to ``function`` (or a class), else None."""
     qualname = getattr(function, "__qualname__", "")
     module = sys.modules.get(getattr(function, "__module__", None) or "")
     if module is None or "<" in qualname:
@@ -150,6 +150,22 @@ def global_name(function) -> str | None:
     for part in qualname.split("."):
         value = getattr(value, part, None)
     return f"{module.__name__}.{qualname}" if value is function else None
+
+
+def class_name(cls: type) -> str:
+    """How a report names a class: ``module.Qualname`` when that resolves to it; else the
+    module global bound to it (a class made inside a function, ``Registry = make_registry()``);
+    else ``module.Qualname`` as Python spells it (``make.<locals>.Registry``)."""
+    resolved = global_name(cls)
+    if resolved is not None:
+        return resolved
+    module = sys.modules.get(getattr(cls, "__module__", None) or "")
+    namespace = getattr(module, "__dict__", None)
+    if isinstance(namespace, dict):
+        for name, value in list(namespace.items()):
+            if value is cls and not name.startswith("__"):
+                return f"{module.__name__}.{name}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def live_frames() -> list:

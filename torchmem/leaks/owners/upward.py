@@ -19,7 +19,7 @@ from collections import defaultdict
 from torchmem.leaks import collector
 from torchmem.leaks.owners.numpy_views import untracked_viewers
 from torchmem.leaks.owners.roots import (
-    LocalRoots, global_name, global_values, is_own_file, is_runner_module, leads_to_a_name, module_names,
+    LocalRoots, class_name, global_name, global_values, is_own_file, is_runner_module, leads_to_a_name, module_names,
 )
 from torchmem.leaks.paths import Owner, edge_labels, render_path
 
@@ -121,6 +121,14 @@ class UpwardSearch:
         self.dropped: dict[int, int] = defaultdict(int)
 
     def run(self) -> None:
+        self._walk()
+        # Referrers dropped by the caps make the walk incomplete only for the blocks it left
+        # without a name; for the others the name it found stands.
+        for key, down in self.down.items():
+            if not self.owners[key] and any(node in self.dropped for node in down):
+                self.stopped_early = True
+
+    def _walk(self) -> None:
         for key, frontier in self.frontiers.items():
             for node in frontier:
                 self._check_local_root(key, node, 0)
@@ -316,8 +324,7 @@ class UpwardSearch:
                             by_child[child_id].append(parent)
                             of_type[kind] += 1
                         else:
-                            self.stopped_early = True  # a referrer was dropped
-                            self.dropped[child_id] += 1
+                            self.dropped[child_id] += 1  # not followed (see run())
             child = None
         parent = candidates = None
         return counted
@@ -435,7 +442,7 @@ class UpwardSearch:
                             depth, runner=runner)
             return not runner
         if isinstance(parent, type):
-            name = f"{parent.__module__}.{parent.__qualname__}"
+            name = class_name(parent)
             runner = is_runner_module(parent.__module__)
             self._add_owner(key, Owner(render_path(name, self._labels_below(key, parent_id)), "class"), depth,
                             runner=runner)
@@ -478,10 +485,12 @@ class UpwardSearch:
             why = (f"a {type(self.nodes[node]).__name__} on the path is referred to by {count + followed} objects "
                    f"or more, and the {followed} the walk followed lead to no name")
         elif "frontier" in reasons:
-            why = f"more than {_MAX_FRONTIER_PER_BLOCK} objects held the path at one level, and the walk followed that many"
+            why = (f"more than {_MAX_FRONTIER_PER_BLOCK} objects held the path at one level, and the walk "
+                   "followed that many")
         else:
-            why = ("every object that refers to it was followed, and only objects on the path (a reference cycle) or "
-                   "torchmem's own do: garbage not yet collected, or a cycle that something outside Python's view keeps")
+            why = ("every object that refers to it was followed, and only objects on the path (a reference cycle) "
+                   "or torchmem's own do: garbage not yet collected, or a cycle that something outside Python's "
+                   "view keeps")
         return f"no named root above the topmost holder reached, a {top}: {why}"
 
     def held_outside(self, key) -> bool:
