@@ -220,9 +220,10 @@ def _training_growth(step_on: list[str], module: str | None):
     return TrainingGrowth(step_on, script_module=module)
 
 
-def _checked_options(args: argparse.Namespace, target, job) -> tuple[str | None, str | None]:
+def _checked_options(args: argparse.Namespace, target, job):
     """Refuses, before anything is installed or run, what cannot work; returns the snapshot
-    and JSON paths this process writes (one per rank under a launcher)."""
+    and JSON paths this process writes (one per rank under a launcher) and its ``RunFiles``
+    (capture and HTML report)."""
     from torchmem.integrations.runner import exit_status
     from torchmem.integrations.runner.steps import parse_step_on
 
@@ -254,7 +255,7 @@ def _checked_options(args: argparse.Namespace, target, job) -> tuple[str | None,
     if target.script is not None and not os.path.isfile(target.script):
         reason = "is a directory" if os.path.isdir(target.script) else "No such file"
         raise UsageError(f"can't open file {target.script!r}: {reason}")
-    return snapshot_path, json_path
+    return snapshot_path, json_path, files
 
 
 def execute(args: argparse.Namespace, prog: str) -> int:
@@ -266,7 +267,7 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     exit_status.arm()
     target = _target(args)
     job = _job_run(args)
-    snapshot_path, json_path = _checked_options(args, target, job)
+    snapshot_path, json_path, files = _checked_options(args, target, job)
 
     served = _install(args.device)
     if args.oom_report is not None:
