@@ -116,7 +116,7 @@ class Session:
                 problems.append(f"no leak report: {error}")
                 self._report = None
             if self._report is not None:
-                from torchmem.integrations.runner import import_time
+                from torchmem.integrations import import_time
 
                 self._report = import_time.classify(self._report, self.main_file)
 
