@@ -388,11 +388,13 @@ class RunJob:
         self.sigterm.in_report = True
 
     def finish(self, *, summary: dict, leak_report, exit_code: int | None, files: dict, label: str,
-               local_text: str, capture: bytes | None = None) -> None:
+               local_text: str, capture: bytes | None = None, growth_report=None) -> None:
         """Sends this rank's report (and ``capture``, the ``.tmem`` bytes of its capture, for
-        the job's HTML page); on rank 0, prints the job's and writes the combined JSON and page."""
+        the job's HTML page); on rank 0, prints the job's and writes the combined JSON and page.
+        ``growth_report``: the rank's ``GrowthReport`` over its training steps, if any."""
         env, out = self.env, sys.stderr
-        report = _payload.collect(rank=env.rank, world_size=env.world_size, summary=summary, leaks=leak_report)
+        report = _payload.collect(rank=env.rank, world_size=env.world_size, summary=summary, leaks=leak_report,
+                                  growth=growth_report)
         report.exit_code = exit_code
         report.status = "terminated by SIGTERM" if self.sigterm.received else None
         report.files = {kind: path for kind, path in files.items() if path}

@@ -245,16 +245,13 @@ def _training_growth(step_on: list[str], module: str | None):
     return TrainingGrowth(step_on, script_module=module)
 
 
-def execute(args: argparse.Namespace, prog: str) -> int:
+def _checked_options(args: argparse.Namespace, target, job):
+    """Refuses, before anything is installed or run, what cannot work; returns the snapshot
+    and JSON paths this process writes (one per rank under a launcher) and its ``RunFiles``
+    (capture and HTML report)."""
     from torchmem.integrations.runner import exit_status
-    from torchmem.integrations.runner import target as _target_module
-    from torchmem.integrations.runner.session import Session
     from torchmem.integrations.runner.steps import parse_step_on
 
-    # First, before torch is imported: its exit function must run after all others.
-    exit_status.arm()
-    target = _target(args)
-    job = _job_run(args)
     snapshot_arg, json_arg = args.snapshot, args.json
     if _alone_rank(args) is not None:
         snapshot_arg, json_arg = _own_file(args, args.snapshot), _own_file(args, args.json)
@@ -285,6 +282,19 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     if target.script is not None and not os.path.isfile(target.script):
         reason = "is a directory" if os.path.isdir(target.script) else "No such file"
         raise UsageError(f"can't open file {target.script!r}: {reason}")
+    return snapshot_path, json_path, files
+
+
+def execute(args: argparse.Namespace, prog: str) -> int:
+    from torchmem.integrations.runner import exit_status
+    from torchmem.integrations.runner import target as _target_module
+    from torchmem.integrations.runner.session import Session
+
+    # First, before torch is imported: its exit function must run after all others.
+    exit_status.arm()
+    target = _target(args)
+    job = _job_run(args)
+    snapshot_path, json_path, files = _checked_options(args, target, job)
 
     served = _install(args.device)
     if args.oom_report is not None:

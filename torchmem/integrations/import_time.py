@@ -21,7 +21,7 @@ import dataclasses
 import os
 import sys
 
-from torchmem.leaks.report import ALLOWED, REACHABLE
+from torchmem.leaks.kinds import ALLOWED, REACHABLE
 
 # Holders that live as long as the process: module globals and class attributes.
 _LASTING_HOLDERS = ("global", "class")
@@ -34,9 +34,11 @@ def _normalized(path: str) -> str:
 def _module_names() -> dict[str, str]:
     """``{normalized file: module name}`` of the modules imported now."""
     names = {}
+    main = sys.modules.get("__main__")
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and name != "__main__":
+        # The program itself is no import, under any alias (multiprocessing adds __mp_main__).
+        if isinstance(path, str) and module is not main and name not in ("__main__", "__mp_main__"):
             names.setdefault(_normalized(path), name)
     return names
 
@@ -51,7 +53,9 @@ def importing_module(finding, main_file: str | None, names: dict[str, str]) -> s
         path = _normalized(frame.filename)
         if path == main:
             return None
-        return names.get(path, frame.filename)
+        # Only a module imported under its name counts: the program's own top-level code
+        # (the script, or pytest's __main__ under which every test runs) is not an import.
+        return names.get(path)
     return None
 
 
