@@ -102,7 +102,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
-#include "torchmem/backends/controlled_backend.h"
+#include "doubles/controlled_backend.h"
 #include "torchmem/core/attribution.h"
 #include "torchmem/core/engine.h"
 #include "trace_csv.h"

@@ -77,7 +77,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "torchmem/backends/controlled_backend.h"
+#include "doubles/controlled_backend.h"
 #include "torchmem/core/engine.h"
 #include "trace_csv.h"
 
@@ -372,19 +372,19 @@ std::string ReplayTrace(const Trace& trace, const Variant& variant, const Option
       "\"vmm_maps\": %d, \"vmm_unmaps\": %d, \"vmm_creates\": %d, \"vmm_steals\": %d, "
       "\"vmm_set_access\": %d, \"warm_vmm_maps\": %d, \"warm_vmm_unmaps\": %d, "
       "\"fragmentation_at_peak_reserved\": %s, \"fragmentation_at_peak_allocated\": %s",
-      JsonString(trace.name), JsonString(variant.name), trace.events.size(), counts.ops, counts.allocs, counts.frees,
-      counts.empty_caches, counts.unknown_frees, counts.implicit_frees, counts.zero_size_allocs,
-      counts.failed_allocs, counts.segment_rows, counts.oom_rows, counts.unknown_ops, peak_reserved,
-      stats.allocated_bytes.all().peak, peak_requested, stats.reserved_bytes.all().current,
+      JsonString(trace.name), JsonString(variant.name), trace.events.size(), counts.ops,
+      counts.allocs, counts.frees, counts.empty_caches, counts.unknown_frees, counts.implicit_frees,
+      counts.zero_size_allocs, counts.failed_allocs, counts.segment_rows, counts.oom_rows,
+      counts.unknown_ops, peak_reserved, stats.allocated_bytes.all().peak, peak_requested,
+      stats.reserved_bytes.all().current,
       peak_requested == 0
           ? 0.0
           : static_cast<double>(peak_reserved) / static_cast<double>(peak_requested),
-      stats.num_device_alloc, stats.num_device_free, median_ns,
-      options.cpu_clock ? "cpu" : "wall", options.repeat, warm_median_ns,
-      options.warm_passes, warm_device_allocs, warm_peak_reserved, stats.vmm.maps,
-      stats.vmm.unmaps, stats.vmm.creates, stats.vmm.steals, stats.vmm.set_access, warm_vmm_maps,
-      warm_vmm_unmaps,
-      FragmentationJson(at_peak_reserved), FragmentationJson(at_peak_allocated));
+      stats.num_device_alloc, stats.num_device_free, median_ns, options.cpu_clock ? "cpu" : "wall",
+      options.repeat, warm_median_ns, options.warm_passes, warm_device_allocs, warm_peak_reserved,
+      stats.vmm.maps, stats.vmm.unmaps, stats.vmm.creates, stats.vmm.steals, stats.vmm.set_access,
+      warm_vmm_maps, warm_vmm_unmaps, FragmentationJson(at_peak_reserved),
+      FragmentationJson(at_peak_allocated));
   if (!counts.first_error.empty()) {
     absl::StrAppend(&json, ", \"first_error\": ", JsonString(counts.first_error));
   }
@@ -393,20 +393,21 @@ std::string ReplayTrace(const Trace& trace, const Variant& variant, const Option
 }
 
 void Usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache] [--clock=cpu|wall]\n"
-               "                    [--variants=all|NAME,...] [PATH ...]\n"
-               "       trace_replay --list_variants\n"
-               "Replays CSV allocation traces (op,addr,size,stream) through torchmem's engine\n"
-               "and prints one JSON object per trace and engine variant. PATH: a trace or a\n"
-               "directory of *.csv traces (default: $TORCHMEM_TRACES_DIR, else\n"
-               "/work/shared/traces).\n"
-               "  --repeat=N        timed replays per trace, median reported (default 5)\n"
-               "  --warm_passes=N   timed passes over a warm engine (default 5; 0: none)\n"
-               "  --no_empty_cache  ignore empty_cache rows instead of calling EmptyCache\n"
-               "  --clock=cpu|wall  time on the thread's CPU clock (default) or steady_clock\n"
-               "  --variants=...    engine variants to replay (default all; --list_variants)\n"
-               "  --list_variants   print the variants this build has, as JSON, and exit\n");
+  std::fprintf(
+      out,
+      "usage: trace_replay [--repeat=N] [--warm_passes=N] [--no_empty_cache] [--clock=cpu|wall]\n"
+      "                    [--variants=all|NAME,...] [PATH ...]\n"
+      "       trace_replay --list_variants\n"
+      "Replays CSV allocation traces (op,addr,size,stream) through torchmem's engine\n"
+      "and prints one JSON object per trace and engine variant. PATH: a trace or a\n"
+      "directory of *.csv traces (default: $TORCHMEM_TRACES_DIR, else\n"
+      "/work/shared/traces).\n"
+      "  --repeat=N        timed replays per trace, median reported (default 5)\n"
+      "  --warm_passes=N   timed passes over a warm engine (default 5; 0: none)\n"
+      "  --no_empty_cache  ignore empty_cache rows instead of calling EmptyCache\n"
+      "  --clock=cpu|wall  time on the thread's CPU clock (default) or steady_clock\n"
+      "  --variants=...    engine variants to replay (default all; --list_variants)\n"
+      "  --list_variants   print the variants this build has, as JSON, and exit\n");
 }
 
 void ListVariants() {
@@ -452,8 +453,10 @@ int main(int argc, char** argv) {
       for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
         const torchmem_bench::Variant* variant = torchmem_bench::FindVariant(name);
         if (variant == nullptr) {
-          std::fprintf(stderr, "trace_replay: this build has no engine variant %s (see "
-                       "--list_variants)\n", std::string(name).c_str());
+          std::fprintf(stderr,
+                       "trace_replay: this build has no engine variant %s (see "
+                       "--list_variants)\n",
+                       std::string(name).c_str());
           return 2;
         }
         options.variants.push_back(variant);

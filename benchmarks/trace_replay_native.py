@@ -37,7 +37,9 @@ reserves memory lazily, so a 60 GiB peak costs nothing). ``--device real`` runs 
 the fake NVML is then preloaded too, which PyTorch needs for them). On the simulated
 device each row also says which driver/runtime memory calls the first replay made
 (``device_calls``: cudaMalloc, cudaFree, cuMemCreate, cuMemMap, cuMemUnmap, ...), as the
-device counted them.
+device counted them, with their modelled driver time and the calls that synchronize
+(``cold_driver``), and the same per warm pass (``warm_step_driver``);
+benchmarks/driver_time.py tabulates them for the four allocators.
 
 Run:
     python3 benchmarks/trace_replay_native.py                      # every trace in ../shared/traces
@@ -203,7 +205,24 @@ class Allocator:
 
 # The memory calls of the CUDA runtime and driver a replay is judged by.
 DEVICE_CALLS = ("cudaMalloc", "cudaFree", "cuMemCreate", "cuMemRelease", "cuMemMap",
-                "cuMemUnmap", "cuMemSetAccess", "cuMemAddressReserve", "cuMemAddressFree")
+                "cuMemUnmap", "cuMemSetAccess", "cuMemAddressReserve", "cuMemAddressFree",
+                "cudaStreamSynchronize")
+# The calls whose modelled time (the simulated device's cost model, tests/simcuda/README.md)
+# is an allocator's driver time: the memory calls, the waits, and the events of the
+# cross-stream bookkeeping. Device switches (cudaGetDevice/cudaSetDevice), which every
+# allocator makes alike per allocation through PyTorch, are left out.
+DRIVER_TIME_CALLS = DEVICE_CALLS + (
+    "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaEventRecord", "cudaEventQuery",
+    "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaMemGetInfo")
+
+
+def driver_time(device) -> dict:
+    """Driver calls, their modelled time and the synchronizing calls since the device's
+    counters were last reset."""
+    return {"calls": {name: device.call_count(name) for name in DEVICE_CALLS},
+            "modelled_us": round(sum(device.modelled_ns(name) for name in DRIVER_TIME_CALLS)
+                                 / 1000.0, 1),
+            "synchronizing_calls": device.synchronizing_calls()}
 
 
 def simulated_device_control():
@@ -317,8 +336,8 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
         allocator.device.reset_call_counts()
     counts = replay(events, allocator, alloc, delete, not args.no_empty_cache, observe)
     stats = allocator.stats()
-    device_calls = ({name: allocator.device.call_count(name) for name in DEVICE_CALLS}
-                    if allocator.device is not None else None)
+    cold = driver_time(allocator.device) if allocator.device is not None else None
+    device_calls = cold["calls"] if cold is not None else None
     live = counts.pop("_live")
     free_all(live, delete)
 
@@ -359,6 +378,8 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
         first = replay(events, allocator, alloc, delete, not args.no_empty_cache)
         free_all(first.pop("_live"), delete)
         before = allocator.stats().get("num_device_alloc", 0) or 0
+        if allocator.device is not None:
+            allocator.device.reset_call_counts()
         for _ in range(args.warm_passes):
             start = now()
             timed = replay(events, allocator, alloc, delete, not args.no_empty_cache)
@@ -369,6 +390,14 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
                 "warm_passes": args.warm_passes,
                 "warm_device_allocs": (warm_stats.get("num_device_alloc", 0) or 0) - before,
                 "warm_peak_reserved_bytes": warm_stats.get("reserved_bytes.all.peak", 0)}
+        if allocator.device is not None:
+            # Per warm step: the driver work a training step would pay.
+            total = driver_time(allocator.device)
+            steps = args.warm_passes
+            warm["warm_step_driver"] = {
+                "calls": {name: round(count / steps, 2) for name, count in total["calls"].items()},
+                "modelled_us": round(total["modelled_us"] / steps, 1),
+                "synchronizing_calls": round(total["synchronizing_calls"] / steps, 2)}
 
     # The same loop over no-op functions: Python's share of the time per op.
     counter = iter(range(1, 1 << 62))
@@ -414,6 +443,7 @@ def worker_replay(path: str, args: argparse.Namespace, allocator: Allocator) -> 
     result.update(fragmentation)
     if device_calls is not None:
         result["device_calls"] = device_calls
+        result["cold_driver"] = cold
     if "first_error" in counts:
         result["first_error"] = counts["first_error"]
     result["path"] = path

@@ -18,6 +18,8 @@ set(_torch_lib ${TORCH_PACKAGE_DIR}/lib)
 Python3_add_library(_C_cuda MODULE WITH_SOABI
   csrc/torchmem/backends/cuda_backend.cc
   csrc/torchmem/backends/cuda_driver.cc
+  csrc/torchmem/backends/cuda_address_registry.cc
+  csrc/torchmem/backends/cuda_streams.cc
   csrc/torchmem/python/cuda/module.cc
   csrc/torchmem/torch/cuda/alloc_config.cc
   csrc/torchmem/torch/cuda/cuda_allocator.cc

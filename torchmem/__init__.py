@@ -17,6 +17,7 @@
     torchmem.track(model, optimizer)    # memory by category: parameters, gradients, ...
     torchmem.record_trace()             # the timeline, then:
     torchmem.write_html("memory.html")  # a report to open in a browser (or write_capture)
+    torchmem.oom_report("oom/")         # capture + HTML report at the first out-of-memory error
 
 Public names are loaded on first use, so ``import torchmem`` stays cheap. The public API
 is the names listed here; the subpackages are its implementation:
@@ -35,7 +36,9 @@ from __future__ import annotations
 
 import importlib
 
-import torch  # noqa: F401  (loads libc10 and friends before torchmem._C)
+# No `import torch` here: `import torchmem` (and the pytest plugin, loaded in every pytest
+# session where torchmem is installed) must not pay for torch until a name is used. The
+# extension loader imports torch (libc10 and friends) before torchmem._C.
 
 __version__ = "0.1.0"
 
@@ -67,6 +70,7 @@ _EXPORTS = {
     "LeakError": "torchmem.leaks.check",
     "LeakReport": "torchmem.leaks.check",
     "Finding": "torchmem.leaks.check",
+    "UnseenMemoryWarning": "torchmem.leaks.check",
     "GrowthMonitor": "torchmem.leaks.growth",
     "GrowthReport": "torchmem.leaks.growth",
     # host RAM per process (RSS: private, shared, file-backed)
@@ -91,6 +95,7 @@ _EXPORTS = {
     "Capture": "torchmem.reports.capture",
     "CaptureFormatError": "torchmem.reports.capture",
     "write_html": "torchmem.reports.html",
+    "oom_report": "torchmem.reports.oom_report",
     # memory by category (parameters, gradients, optimizer state, activations)
     "track": "torchmem.reports.categories",
 }

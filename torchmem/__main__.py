@@ -1,8 +1,8 @@
-"""``python -m torchmem``: see :mod:`torchmem.integrations.cli` (``run`` a script under torchmem, or the ``demo``)."""
+"""``python -m torchmem``: the ``torchmem`` command (:mod:`torchmem.integrations.cli`)."""
 
 import sys
 
 from torchmem.integrations.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m torchmem"))

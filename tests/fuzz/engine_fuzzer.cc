@@ -60,9 +60,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "doubles/controlled_backend.h"
+#include "doubles/fault_injecting_backend.h"
 #include "tests/cpp/support/live_block_model.h"
-#include "torchmem/backends/controlled_backend.h"
-#include "torchmem/backends/fault_injecting_backend.h"
 #include "torchmem/core/attribution.h"
 #include "torchmem/core/engine.h"
 
@@ -297,8 +297,11 @@ class Fuzzer {
   };
 
   Before Snapshot() const {
-    Before before{faults_->total_failures(), engine_->GetStats().reserved_bytes.all().current,
-                  EventCalls(), CaptureUnderway(), {}};
+    Before before{faults_->total_failures(),
+                  engine_->GetStats().reserved_bytes.all().current,
+                  EventCalls(),
+                  CaptureUnderway(),
+                  {}};
     if (before.capture_underway) before.default_segments = DefaultSegments();
     return before;
   }
@@ -335,8 +338,8 @@ class Fuzzer {
       if (!pool.exists) continue;
       const absl::StatusOr<int> count = engine_->PoolUseCount(kPools[i]);
       if (!count.ok()) {
-        FUZZ_CHECK(pool.freeable && absl::IsNotFound(count.status()),
-                   "pool ", i, " vanished while it had users: ", count.status().ToString());
+        FUZZ_CHECK(pool.freeable && absl::IsNotFound(count.status()), "pool ", i,
+                   " vanished while it had users: ", count.status().ToString());
         pool = ModelPool{};
         continue;
       }
@@ -469,9 +472,9 @@ class Fuzzer {
         policy.IsOversize(block->size)
             ? std::max({policy.max_non_split_rounding, policy.large_rounding, policy.small_size})
             : policy.small_size;
-    FUZZ_CHECK(whole || block->size <= rounded + slack, "a block is at most one sliver larger: ",
-               block->size, " for ", size, " rounded ", rounded, " slack ", slack, " max_split ",
-               policy.max_split_size);
+    FUZZ_CHECK(whole || block->size <= rounded + slack,
+               "a block is at most one sliver larger: ", block->size, " for ", size, " rounded ",
+               rounded, " slack ", slack, " max_split ", policy.max_split_size);
     FUZZ_CHECK(!live_.contains(address), "a live address is handed out twice");
     auto next = live_.lower_bound(address);
     FUZZ_CHECK(next == live_.end() || next->first >= address + block->size,
@@ -708,8 +711,7 @@ class Fuzzer {
       // A range reserved now spans the device's capacity and an eighth.
       const bool fresh_range_fits = rounded <= controlled_capacity_ + controlled_capacity_ / 8;
       FUZZ_CHECK(!all_free || engine_->CaptureUnderway() || !fresh_range_fits,
-                 "an all-free range too small for ", rounded,
-                 " bytes was kept outside a capture");
+                 "an all-free range too small for ", rounded, " bytes was kept outside a capture");
       return;
     }
     FUZZ_CHECK(false, "out of address space for ", rounded, " bytes without a range");
@@ -1009,9 +1011,9 @@ class Fuzzer {
     if (!restored.ok()) {
       // Refused (a segment vanished, blocks wait on other streams, the pool
       // was released): nothing changed, which CheckPool verifies.
-      FUZZ_CHECK(absl::IsFailedPrecondition(restored.status()) ||
-                     absl::IsNotFound(restored.status()),
-                 "RestorePoolCheckpoint: ", restored.status().ToString());
+      FUZZ_CHECK(
+          absl::IsFailedPrecondition(restored.status()) || absl::IsNotFound(restored.status()),
+          "RestorePoolCheckpoint: ", restored.status().ToString());
       return;
     }
     for (std::uintptr_t address : restored->freed) {
@@ -1045,8 +1047,8 @@ class Fuzzer {
         return;
       }
       case 0:
-        policy.max_split_size = in_.U8() % 2 == 0 ? SizePolicy::kNoMaxSplit
-                                                  : (std::size_t{20} + in_.U8() % 64) * kMiB;
+        policy.max_split_size =
+            in_.U8() % 2 == 0 ? SizePolicy::kNoMaxSplit : (std::size_t{20} + in_.U8() % 64) * kMiB;
         policy.max_non_split_rounding = (in_.U8() % 32) * kMiB;
         break;
       case 1: {

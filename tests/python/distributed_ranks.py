@@ -279,3 +279,18 @@ def leak_on_rank_1(rank: int, world_size: int) -> None:
     with torchmem.tag("logging"):
         if rank == 1:
             HISTORY.append(torch.zeros(4 * KiB))
+
+
+def append_to_argument(rank: int, world_size: int, buffers: list) -> None:
+    buffers.append(torch.zeros(4 * KiB))  # held only through the function's argument
+
+
+class _SelfReferencing:
+    def __init__(self):
+        self.me = self
+        self.state = torch.zeros(4 * KiB)
+
+
+def cycle_on_rank_1(rank: int, world_size: int) -> None:
+    if rank == 1:
+        _SelfReferencing()  # one object in a reference cycle, dropped: counted only under cycles="always"

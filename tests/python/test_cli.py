@@ -119,7 +119,7 @@ def test_snapshot_option_writes_a_snapshot_memory_viz_accepts(typical):
     model_line = line_number(script, "torch.nn.Linear(256, 256)")
     stacks = [entry["frames"] for entry in allocs]
     assert any(frames[-1] == {"filename": script, "line": model_line, "name": "<module>"} for frames in stacks)
-    assert not any("torchmem/integrations/cli.py" in frame["filename"] for frames in stacks for frame in frames)
+    assert not any("torchmem/integrations" in frame["filename"] for frames in stacks for frame in frames)
 
 
 def test_json_option_writes_the_summary_and_the_leak_findings(typical):
@@ -217,7 +217,7 @@ def test_an_uncaught_exception_prints_the_scripts_traceback_and_exits_1(tmp_path
     assert f'File "{script}", line 6, in <module>' in result.stderr
     assert f'File "{script}", line 4, in fail' in result.stderr
     assert "ValueError: boom" in result.stderr
-    assert "integrations/cli.py" not in result.stderr  # torchmem's runner is not part of the script's traceback
+    assert "torchmem/integrations" not in result.stderr  # torchmem's runner is not part of the script's traceback
     assert "exited with code 1" in result.stderr
 
 
@@ -257,6 +257,30 @@ def test_run_dash_m_runs_a_module_as_main_with_its_arguments(tmp_path):
     assert result.returncode == 4, result.stderr
     assert seen == {"argv": ["--epochs", "2"], "name": "__main__", "package": "mypkg"}
     assert "torchmem: -m mypkg.job exited with code 4" in result.stderr
+
+
+def test_run_dash_m_runs_a_packages_main_module(tmp_path):
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    write(package / "__main__.py", """\
+        import sys
+        print("package main ran as", __name__, __spec__.name, sys.argv[1:])
+    """)
+    result = torchmem_cli("run", "-m", "trainer", "--fast", cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "package main ran as __main__ trainer.__main__ ['--fast']" in result.stdout
+
+
+def test_run_dash_m_on_a_package_without_main_says_so_as_python_does(tmp_path):
+    package = tmp_path / "library"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    result = torchmem_cli("run", "-m", "library", cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert "No module named library.__main__; 'library' is a package and cannot be directly executed" in result.stderr
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -300,6 +324,34 @@ def test_run_without_a_script_explains_what_to_give(tmp_path):
 
     assert result.returncode == 2
     assert "name a script to run" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--history-entries", "-1", "--snapshot", "m.pickle", "x.py"],
+         "argument --history-entries: must be an int >= 0, got -1"),
+        (["run", "--history-entries", "many", "x.py"], "argument --history-entries: must be an int >= 0, got 'many'"),
+        (["run", "--dist-timeout", "0", "x.py"], "argument --dist-timeout: must be seconds > 0, got 0.0"),
+        (["run", "--dist-timeout", "nan", "x.py"], "argument --dist-timeout: must be seconds > 0, got nan"),
+        (["demo", "--steps", "two"], "argument --steps: must be an int, got 'two'"),
+    ],
+)
+def test_numeric_options_are_refused_with_the_range_they_take(tmp_path, argv, message):
+    result = torchmem_cli(*argv, cwd=tmp_path)
+
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_the_demo_module_does_not_import_the_command_line():
+    # The demo is a library of the CLI, not the other way round: no import circle.
+    code = "import sys, torchmem.integrations.demo; print(sorted(m for m in sys.modules if m.startswith('torchmem.integrations.cli')))"
+    result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
+                            capture_output=True, text=True)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_an_unknown_device_choice_is_refused(tmp_path):
@@ -364,4 +416,4 @@ def test_the_demo_refuses_too_few_steps(tmp_path):
     result = torchmem_cli("demo", "--steps", "1", cwd=tmp_path)
 
     assert result.returncode == 2
-    assert "--steps must be between 3" in result.stderr
+    assert "demo: steps must be an int between 3 and 100" in result.stderr

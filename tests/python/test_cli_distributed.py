@@ -214,7 +214,7 @@ def test_when_torchrun_stops_rank_0_because_rank_1_crashed_rank_0_still_reports(
     "environ, argv, message",
     [
         ({"RANK": "0"}, [], "RANK is set but WORLD_SIZE is not"),
-        ({}, ["--dist-timeout", "0"], "--dist-timeout must be seconds > 0"),
+        ({}, ["--dist-timeout", "0"], "argument --dist-timeout: must be seconds > 0"),
     ],
 )
 def test_a_bad_launch_environment_or_timeout_is_a_usage_error(tmp_path, monkeypatch, capsys, environ, argv, message):

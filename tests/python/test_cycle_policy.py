@@ -37,8 +37,9 @@ class MetricLike:
 
 class Wrapper:
     """Holds several metric-like objects, and is in a cycle itself, as torchmetrics'
-    MetricCollection, BootStrapper and MetricTracker are (they are Metrics or modules that
-    refer to themselves): dropped, it leaves one island of garbage, not one per metric."""
+    BootStrapper is (a Metric): dropped, it is the one top above all its copies' cycles, so
+    they count once. (MetricTracker and MetricCollection are in no cycle: reference counting
+    frees them and their copies count like a loop's.)"""
 
     def __init__(self, count: int):
         self.metrics = [MetricLike() for _ in range(count)]
@@ -109,7 +110,17 @@ def test_many_cycles_held_together_by_one_wrapper_are_one_island_and_not_counted
     assert report.leaked == []
 
 
-def test_a_reused_check_counts_a_cycle_the_previous_entry_left_too():
+def test_a_reused_check_judges_each_entry_on_its_own():
+    # One metric per call of a checked evaluate(): a by-design cycle per call, collected at
+    # every exit, never piles up. The second call is no more a leak than the first.
+    @torchmem.leak_check()  # raises on a leak
+    def evaluate():
+        build_and_drop_one_metric()
+
+    with collector_paused():
+        for _ in range(4):
+            evaluate()
+
     check = torchmem.leak_check(raise_on_leak=False)
     reports = []
     with collector_paused():
@@ -117,11 +128,74 @@ def test_a_reused_check_counts_a_cycle_the_previous_entry_left_too():
             with check as report:
                 build_and_drop_one_metric()
             reports.append(report)
+    for report in reports:
+        assert report.cycle and report.leaked == []
+        assert report.cycle[0].note.startswith("not counted: 1 separate cycle held by MetricLike")
+        assert report.render().startswith("torchmem.leak_check: no leaks; cycle garbage not counted")
 
-    assert reports[0].cycle and reports[0].leaked == []
-    for report in reports[1:]:
-        assert report.cycle and report.leaked == report.cycle
-        assert "previous entry of this check" in report.cycle[0].note
+
+def test_a_reused_check_still_counts_a_loop_inside_one_entry():
+    check = torchmem.leak_check(raise_on_leak=False)
+    with collector_paused():
+        with check as first:
+            build_and_drop_one_metric()
+        with check as second:
+            build_and_drop_metrics_in_a_loop(steps=8)
+
+    assert first.leaked == []
+    assert second.cycle and second.leaked == second.cycle
+
+
+def drop_instances_of_a_class_defined_here(steps: int) -> None:
+    """As a script run under ``python -m torchmem run`` does once its globals are released:
+    the class itself becomes garbage with its instances, and every instance refers to it."""
+
+    class StepReport:
+        def __init__(self, state):
+            self.state = state.clone()  # a copy per step
+            self.me = self  # the cycle
+
+    state = torch.zeros(256)
+    for _ in range(steps):
+        StepReport(state)
+    del StepReport  # now only the instances (and the class's own cycle) refer to the class
+
+
+def test_copies_that_share_only_their_class_are_separate_cycles():
+    with collector_paused(), pytest.raises(torchmem.LeakError) as raised:
+        with torchmem.leak_check():
+            drop_instances_of_a_class_defined_here(steps=10)
+
+    report = raised.value.report
+    assert len(report.cycle) == 10 and report.leaked == report.cycle
+    assert report.cycle[0].note.startswith(
+        "counted: 10 separate cycles held by drop_instances_of_a_class_defined_here.<locals>.StepReport"
+    )
+    assert report.render().startswith(
+        "torchmem.leak_check: 10.0 KiB in 10 blocks allocated inside are still alive (cycle 10.0 KiB in 10 blocks)"
+    )
+
+
+class SharedDefaultHolder:
+    def __init__(self, state, options={"shared": True}):  # noqa: B006 - the shared default is the point
+        self.options = options  # every copy refers to the same dict
+        self.state = state.clone()
+        self.me = self
+
+
+def test_copies_that_share_a_default_and_a_function_are_separate_cycles():
+    def step(state, log=lambda value: value):  # a function every copy refers to
+        holder = SharedDefaultHolder(state)
+        holder.log = log
+
+    state = torch.zeros(256)
+    with collector_paused(), torchmem.leak_check(raise_on_leak=False) as report:
+        for _ in range(9):
+            step(state)
+        del step
+
+    assert len(report.cycle) == 9 and report.leaked == report.cycle
+    assert report.cycle[0].note.startswith("counted: 9 separate cycles held by SharedDefaultHolder")
 
 
 def test_warmup_entries_do_not_start_the_repetition():

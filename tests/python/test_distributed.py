@@ -220,12 +220,22 @@ def test_the_pytest_fixture_fails_a_test_whose_process_group_leaked_on_one_rank(
         @pytest.mark.torchmem(allow_tags=("logging",))
         def test_allowed(torchmem_distributed):
             torchmem_distributed.spawn(distributed_ranks.leak_on_rank_1, world_size=2)
+
+        def test_appends_to_its_argument(torchmem_distributed):
+            torchmem_distributed.spawn(distributed_ranks.append_to_argument, world_size=2, args=([],))
+
+        @pytest.mark.torchmem(cycles="always")
+        def test_a_cycle_counts_under_cycles_always(torchmem_distributed):
+            torchmem_distributed.spawn(distributed_ranks.cycle_on_rank_1, world_size=2)
         """
     )
     result = pytester.runpytest_subprocess("-p", "torchmem.integrations.pytest_plugin", "-p", "no:cacheprovider",
                                            timeout=TIMEOUT)
-    result.assert_outcomes(passed=1, failed=1)
+    # The marker's options (cycles, allow_arguments) reach every rank's check.
+    result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["*test_leaky_rank*", "*rank 1 leaked 16.0 KiB in 1 block (rank 0: no leaks)*"])
+    result.stdout.fnmatch_lines(["*test_a_cycle_counts_under_cycles_always*", "*rank 1 leaked 16.0 KiB*"])
+    assert "test_appends_to_its_argument" not in "".join(line for line in result.stdout.lines if "FAILED" in line)
 
 
 # --- the pieces, without processes -----------------------------------------------------------
@@ -394,3 +404,114 @@ def test_a_tensor_another_thread_releases_during_the_check_is_not_reported_as_a_
         assert report.findings == [], report.render()
     finally:
         gc.callbacks.remove(release)
+
+
+# --- torchrun -m pytest: every exchange names its test --------------------------------------
+
+RANK_CONFTEST = """
+import json, os
+import torch.distributed as dist
+
+def pytest_configure(config):
+    dist.init_process_group("gloo")
+
+def pytest_unconfigure(config):
+    dist.destroy_process_group()
+
+def pytest_runtest_logreport(report):
+    # What each rank saw, per test and phase, for the test to read (torchrun mixes the outputs).
+    if report.failed or report.when == "call" or report.skipped:
+        with open(f"outcomes.rank{os.environ['RANK']}.jsonl", "a") as out:
+            out.write(json.dumps({"test": report.nodeid.split("::")[-1], "when": report.when,
+                                  "outcome": report.outcome, "text": str(report.longrepr or "")}) + "\\n")
+"""
+
+
+def torchrun_pytest(pytester, *args) -> list[dict]:
+    """Runs pytest on 2 ranks under torchrun; returns each rank's {test: [phase outcomes]}."""
+    pytester.makeconftest(RANK_CONFTEST)
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pytest",
+         "-p", "torchmem.integrations.pytest_plugin", "-p", "no:cacheprovider", "-q", *args],
+        cwd=pytester.path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    import json
+
+    per_rank = []
+    for rank in range(2):
+        seen: dict = {}
+        path = pytester.path / f"outcomes.rank{rank}.jsonl"
+        assert path.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            seen.setdefault(entry["test"], []).append(entry)
+        per_rank.append(seen)
+    return per_rank
+
+
+def test_torchrun_pytest_allows_a_tests_own_arguments_and_keeps_the_ranks_on_the_same_test(pytester):
+    pytester.makepyfile(
+        test_ranks="""
+        import pytest, torch, torch.distributed as dist
+
+        KEPT = []
+
+        @pytest.mark.parametrize("history", [[]])
+        def test_appends_to_its_parametrize_argument(history, torchmem_leak_check):
+            history.append(torch.zeros(1024))  # the test's input, allowed (as in one process)
+
+        @pytest.fixture
+        def shard():
+            if dist.get_rank() == 1:
+                raise RuntimeError("no shard on rank 1")
+            return 1
+
+        def test_uses_a_fixture_that_fails_on_rank_1(shard, torchmem_leak_check):
+            pass
+
+        def test_after_the_fixture_error(torchmem_leak_check):
+            if dist.get_rank() == 0:
+                KEPT.append(torch.zeros(256))  # 1 KiB, leaked by this test on rank 0
+        """
+    )
+    ranks = torchrun_pytest(pytester, "test_ranks.py", "--torchmem-dist-timeout=60")
+
+    for seen in ranks:
+        # Marker options (allow_arguments) reach the check that classifies: passes on both ranks.
+        (argument,) = seen["test_appends_to_its_parametrize_argument[history0]"]
+        assert argument["outcome"] == "passed", argument["text"]
+        # The ranks stay on the same test after rank 1's fixture error: the next test's leak is its own.
+        (after,) = [entry for entry in seen["test_after_the_fixture_error"] if entry["when"] == "call"]
+        assert after["outcome"] == "failed"
+        assert "for test_ranks.py::test_after_the_fixture_error" in after["text"]
+        assert "rank 0 leaked 1.0 KiB in 1 block (rank 1: no leaks)" in after["text"]
+    (setup_error,) = ranks[1]["test_uses_a_fixture_that_fails_on_rank_1"]
+    assert setup_error["when"] == "setup" and "no shard on rank 1" in setup_error["text"]
+    (rank0,) = ranks[0]["test_uses_a_fixture_that_fails_on_rank_1"]
+    assert rank0["when"] == "call" and rank0["outcome"] == "failed"
+    assert "rank 1 raised inside the check" in rank0["text"] and "RuntimeError: no shard on rank 1" in rank0["text"]
+
+
+def test_torchrun_pytest_ranks_at_different_tests_fail_naming_both(pytester):
+    pytester.makepyfile(
+        test_mismatch="""
+        import os
+
+        if os.environ["RANK"] == "1":
+            def test_only_on_rank_1(torchmem_leak_check):
+                pass
+
+        def test_on_every_rank(torchmem_leak_check):
+            pass
+        """
+    )
+    ranks = torchrun_pytest(pytester, "test_mismatch.py", "--torchmem-dist-timeout=30")
+
+    first = {0: "test_on_every_rank", 1: "test_only_on_rank_1"}
+    for rank, seen in enumerate(ranks):
+        entry = next(e for e in seen[first[rank]] if e["when"] == "call")
+        assert entry["outcome"] == "failed"
+        assert "the ranks are not at the same check" in entry["text"]
+        assert "rank 0: test_mismatch.py::test_on_every_rank" in entry["text"]
+        assert "rank 1: test_mismatch.py::test_only_on_rank_1" in entry["text"]

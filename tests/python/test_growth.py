@@ -1,4 +1,5 @@
-"""torchmem.GrowthMonitor: tags and allocation sites whose live bytes rise every step."""
+"""torchmem.GrowthMonitor: tags and allocation sites whose live bytes keep rising (the basics;
+intermittent, noisy and not-a-leak loops are in test_growth_monitor.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_the_report_text_names_rate_total_tag_and_the_growing_line():
     text = run(leaky_step, steps=5, warmup=1).render()
 
     assert text.startswith("torchmem.GrowthMonitor: live memory grew on every one of the 4 steps after 1 warm-up")
-    assert "+1.0 KiB/step   (+4.0 KiB over 4 steps)     cpu  tag=history" in text
+    assert "+1.0 KiB/step   +4.0 KiB over 4 steps   4 of 4 steps   cpu      tag=history" in text
     assert "HISTORY.append(torch.zeros(256))  # alloc: history" in text
 
 
@@ -140,9 +141,12 @@ def test_the_report_converts_to_plain_data_and_json():
     assert data == report.to_dict()
     assert (data["steps"], data["warmup"], data["measured_steps"]) == (4, 1, 3)
     assert data["growing"][0] == {
-        "kind": "tag", "device": "cpu", "name": "history", "bytes_per_step": 1024.0, "total_bytes": 3072,
-        "steps": 3, "series": [1024, 2048, 3072, 4096], "frame": None,
+        "kind": "tag", "device": "cpu", "name": "history", "growing": True, "bytes_per_step": 1024.0,
+        "slope_error": 0.0, "total_bytes": 3072, "steps": 3, "rising_steps": 3, "allocation": 1024,
+        "reason": "rose on 3 of 3 steps, slope +1.0 KiB/step, net +3.0 KiB (~3 allocations of 1.0 KiB)",
+        "category": None, "series": [1024, 2048, 3072, 4096], "frame": None,
     }
+    assert data["considered"] == [] and data["unseen_devices"] == []
 
 
 def test_bad_settings_are_rejected():
@@ -167,3 +171,4 @@ def test_the_monitor_keeps_bounded_state_however_long_the_loop_runs():
     assert len(growth.series) == 64
     assert growth.series[-1] - growth.series[0] == 63 * 1024
     assert all(len(trend.recent) <= 64 for trend in monitor._trends.values())
+    assert all(len(trend.points) <= trend.MAX_POINTS for trend in monitor._trends.values())

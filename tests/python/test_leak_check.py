@@ -270,11 +270,11 @@ def test_nested_checks_each_report_what_was_left_inside_them():
     ]
 
 
-def test_only_the_requested_devices_are_reported():
-    with torchmem.leak_check(devices=["cuda:0"]) as report:
-        keep_one_tensor()
-
-    assert report.findings == []
+def test_a_check_of_only_devices_torchmem_does_not_serve_refuses_instead_of_seeing_nothing():
+    # It used to report no findings: it could see nothing there (issue 23).
+    with pytest.raises(RuntimeError, match=r"devices=\['cuda:0'\] but torchmem serves only cpu.*install"):
+        with torchmem.leak_check(devices=["cuda:0"]):
+            keep_one_tensor()
 
 
 def test_pending_blocks_are_listed_but_not_leaked():

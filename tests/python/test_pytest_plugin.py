@@ -165,7 +165,7 @@ def test_marker_options_configure_each_test(pytester, run_pytest):
     result.stdout.fnmatch_lines([
         "*_ test_unknown_option _*",
         "@pytest.mark.torchmem on test_marked.py::test_unknown_option: unknown option(s) colour; "
-        "known: device, allow_tags, warmup, max_leaked_bytes, enabled, cycles, cycle_repeats, allow_arguments",
+        "known: device, allow_tags, warmup, max_leaked_bytes, enabled, cycles, cycle_repeats, allow_arguments, limit_peak",
     ], consecutive=True)
     # A test failing on its own is not analyzed: its traceback keeps its locals alive.
     result.stdout.fnmatch_lines(["*_ test_fails_on_its_own _*", "*AssertionError: the test's own failure*"])
@@ -215,6 +215,38 @@ def test_a_bad_device_setting_is_a_usage_error(pytester, run_pytest):
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown device 'tpu'; use 'cpu', 'cuda', 'cuda:N' or 'auto'*"])
+
+
+TORCH_FREE_MODULE = """
+import sys
+
+
+def test_nothing_heavy_is_imported_while_the_plugin_is_off():
+    assert "torchmem.integrations.pytest_plugin" in sys.modules  # the plugin is loaded ...
+    heavy = sorted(name for name in sys.modules
+                   if name.split(".")[0] in ("torch", "numpy") or name.startswith(("torchmem.runtime", "torchmem._C")))
+    assert heavy == []  # ... and costs nothing: no torch, no extension
+"""
+
+
+def test_the_plugin_imports_nothing_heavy_when_no_test_is_checked(pytester, run_pytest):
+    # A torch-free project in an environment where torchmem is installed: pytest-memray's
+    # rule, a plugin that is off costs nothing (torch alone takes seconds to import).
+    pytester.makepyfile(test_plain=TORCH_FREE_MODULE)
+    pytester.makeini("[pytest]\ntorchmem_device = auto\ntorchmem_cycles = repeating\n")
+
+    result = run_pytest("-v")
+
+    result.assert_outcomes(passed=1)
+
+
+def test_a_bad_device_setting_is_refused_even_when_no_test_is_checked(pytester, run_pytest):
+    pytester.makepyfile(test_plain=TORCH_FREE_MODULE)
+
+    result = run_pytest("--torchmem-device=tpu")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown device 'tpu'*"])
 
 
 def test_a_cuda_install_that_comes_too_late_says_to_install_before_cuda_init(monkeypatch):

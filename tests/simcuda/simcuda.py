@@ -97,7 +97,7 @@ def preload(nvml=False):
 
 
 def environment(base=None, *, device_count=None, memory_bytes=None, event_mode=None,
-                faults=None, trace=None, nvml=False):
+                faults=None, trace=None, nvml=False, costs=None, exclusive_process_dir=None):
     """Environment for a subprocess running on the simulated device.
 
     ``base`` defaults to ``os.environ``. ``memory_bytes`` takes an int or a
@@ -106,6 +106,10 @@ def environment(base=None, *, device_count=None, memory_bytes=None, event_mode=N
     file that gets the list of CUDA calls made (see README.md). ``nvml`` also
     preloads the fake NVML, which PyTorch's ``expandable_segments:True`` needs
     (a real machine always has NVML; torch 2.14 calls it unchecked there).
+    ``costs`` overrides the cost model ("cuMemMap=5us;..."); with
+    ``exclusive_process_dir`` every device is in EXCLUSIVE_PROCESS mode, its
+    context holding a lock file in that directory (shared by the processes
+    that should exclude each other).
     """
     env = dict(os.environ if base is None else base)
     existing = env.get("LD_PRELOAD", "")
@@ -114,7 +118,9 @@ def environment(base=None, *, device_count=None, memory_bytes=None, event_mode=N
                        ("SIMCUDA_MEMORY_BYTES", memory_bytes),
                        ("SIMCUDA_EVENT_MODE", event_mode),
                        ("SIMCUDA_FAULTS", faults),
-                       ("SIMCUDA_TRACE", trace)):
+                       ("SIMCUDA_TRACE", trace),
+                       ("SIMCUDA_COSTS", costs),
+                       ("SIMCUDA_EXCLUSIVE_PROCESS_DIR", exclusive_process_dir)):
         if value is not None:
             env[key] = str(value)
     return env
@@ -199,6 +205,11 @@ class Control:
             "simcuda_reset": (None, []),
             "simcuda_error_code": (ctypes.c_int, [ctypes.c_char_p]),
             "simcuda_vmm_stats": (None, [ctypes.POINTER(_VmmStats)]),
+            "simcuda_modelled_ns": (_ULL, [ctypes.c_char_p]),
+            "simcuda_synchronizing_calls": (_ULL, []),
+            "simcuda_set_call_cost": (ctypes.c_int, [ctypes.c_char_p, _ULL]),
+            "simcuda_context_active": (ctypes.c_int, [ctypes.c_int]),
+            "simcuda_context_count": (ctypes.c_int, []),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
@@ -295,6 +306,26 @@ class Control:
 
     def reset_call_counts(self):
         self._lib.simcuda_reset_call_counts()
+
+    # Cost model and contexts ------------------------------------------------
+    def modelled_ns(self, call=None):
+        """Modelled GPU time (ns) of `call`'s calls since the last counter
+        reset, or of every runtime and driver call when `call` is None."""
+        return self._lib.simcuda_modelled_ns(call.encode() if call else None)
+
+    def synchronizing_calls(self):
+        """Calls since the last counter reset that wait for the GPU."""
+        return self._lib.simcuda_synchronizing_calls()
+
+    def set_call_cost(self, call, ns):
+        self._check(self._lib.simcuda_set_call_cost(call.encode(), ns), "set_call_cost")
+
+    def context_active(self, device):
+        """Whether `device` has a primary context (a GPU spends ~0.5 GiB on one)."""
+        return bool(self._lib.simcuda_context_active(device))
+
+    def context_count(self):
+        return self._lib.simcuda_context_count()
 
     def write_trace(self, path):
         self._check(self._lib.simcuda_write_trace(str(path).encode()), "write_trace")

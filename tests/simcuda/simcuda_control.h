@@ -18,6 +18,12 @@
  *                          (e.g. "cudaMalloc:nth=3:error=cudaErrorMemoryAllocation")
  *   SIMCUDA_TRACE          file to append "<runtime|driver> <call> <count>"
  *                          lines to at process exit ("%p" = process id)
+ *   SIMCUDA_COSTS          modelled cost per call, "cuMemMap=5us;cudaMalloc=66.4us"
+ *                          (ns, us, ms, s; a bare number is ns)
+ *   SIMCUDA_EXCLUSIVE_PROCESS_DIR  every device in EXCLUSIVE_PROCESS compute
+ *                          mode: a context on device N holds a lock on
+ *                          <dir>/device<N>.lock; a second process's context
+ *                          fails with cudaErrorDevicesUnavailable
  */
 #ifndef TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_
 #define TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_
@@ -79,6 +85,26 @@ unsigned long long simcuda_call_count(const char* call);
 void simcuda_reset_call_counts(void);
 /* Appends the trace (see SIMCUDA_TRACE) of both libraries to `path` now. */
 int simcuda_write_trace(const char* path);
+
+/* Cost model (README "Cost model"): modelled time in nanoseconds of the
+ * calls of `call` since the last reset of the counters, or of every runtime
+ * and driver call when `call` is NULL; how many calls since the reset wait
+ * for the GPU (cudaStreamSynchronize, cudaFree, cuMemUnmap, ...); replacing
+ * one call's cost. */
+unsigned long long simcuda_modelled_ns(const char* call);
+unsigned long long simcuda_synchronizing_calls(void);
+int simcuda_set_call_cost(const char* call, unsigned long long ns);
+
+/* Contexts: whether `device` has its primary context (created by
+ * cudaSetDevice, cudaInitDevice, cudaFree, allocation, stream and event
+ * creation, work submitted on it, cudaMemGetInfo, peer access, or the
+ * driver's cuDevicePrimaryCtxRetain), and how many devices have one. Each
+ * costs about 0.5 GiB of device memory on a GPU; simcuda charges none. */
+int simcuda_context_active(int device);
+int simcuda_context_count(void);
+/* EXCLUSIVE_PROCESS mode from now on, with lock files in `dir` (as
+ * SIMCUDA_EXCLUSIVE_PROCESS_DIR); NULL or "" goes back to DEFAULT mode. */
+void simcuda_set_exclusive_process_dir(const char* dir);
 
 /* The driver's virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
  * cuMemSetAccess): address reservations, live physical allocations (their

@@ -29,12 +29,12 @@ first. Nothing is exchanged on entry, and nothing while the checked code runs.
 
 from __future__ import annotations
 
-import functools
+import os
 import sys
 
 import torchmem
+from torchmem import LeakError
 from torchmem.distributed import payload as _payload
-from torchmem.leaks import check as _local_check
 from torchmem.distributed.errors import (
     CollectiveMismatchError,
     DistributedLeakError,
@@ -46,13 +46,9 @@ from torchmem.distributed.job import format_ranks
 from torchmem._support.files import short_path
 from torchmem._support.notes import add_note
 from torchmem._support.units import format_bytes
+from torchmem._support.validate import require_seconds
 
 __all__ = ["leak_check", "CollectiveLeakReport", "GrowthMonitor", "JobGrowthReport"]
-
-
-def _caller_site(depth: int) -> str:
-    frame = sys._getframe(depth)
-    return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _error_text(exc_type, exc) -> str:
@@ -84,6 +80,16 @@ def _exchange(info, what: str, outcome: dict, timeout) -> list[dict]:
 def _check_agreement(what: str, outcomes: list[dict]) -> None:
     """The same torchmem version, options and entry number on every rank, or an error that
     lists, for each difference, which ranks have which value."""
+    labels = [outcome.get("label") for outcome in outcomes]
+    if len(set(labels)) > 1:
+        # Checked first: ranks at different tests also disagree on everything else.
+        lines = [f"  rank {rank}: {label}" for rank, label in enumerate(labels)]
+        raise CollectiveMismatchError(
+            f"{what}: the ranks are not at the same check, so they cannot decide together:\n"
+            + "\n".join(lines)
+            + "\nA rank skipped, failed before or ran a different test or step than the others; each rank's "
+            "own output says which."
+        )
     fields = {"torchmem version": lambda outcome: outcome.get("version")}
     for option in sorted({name for outcome in outcomes for name in outcome.get("options", {})}):
         fields[f"option {option}"] = lambda outcome, option=option: repr(outcome.get("options", {}).get(option))
@@ -115,10 +121,11 @@ class CollectiveLeakReport:
     groups, the rank's rendered report in ``text``) and ``error`` (what its code raised, or None).
     """
 
-    def __init__(self, site: str, entry: int, outcomes: list[dict]):
-        self.site = site
+    def __init__(self, site: str, entry: int, outcomes: list[dict], label: str | None = None):
+        self.site = site  # where the check was left (file:line outside torchmem)
         self.entry = entry
         self.outcomes = outcomes
+        self.label = label  # what the check was for (the pytest node id), when given
 
     @property
     def world_size(self) -> int:
@@ -153,7 +160,8 @@ class CollectiveLeakReport:
 
     def render(self) -> str:
         """The same text on every rank: which ranks leaked, then each one's findings."""
-        head = f"torchmem.distributed.leak_check (entered at {self.site}, entry {self.entry}, {self.world_size} ranks): "
+        where = f"for {self.label}" if self.label else f"exited at {self.site}, entry {self.entry}"
+        head = f"torchmem.distributed.leak_check ({where}, {self.world_size} ranks): "
         leaked = self.leaked_ranks
         clean = [rank for rank in range(self.world_size) if rank not in leaked and rank not in self.failures]
         if self.failures:
@@ -184,6 +192,7 @@ class CollectiveLeakReport:
     def to_dict(self) -> dict:
         return {
             "site": self.site,
+            "label": self.label,
             "entry": self.entry,
             "world_size": self.world_size,
             "leaked_ranks": self.leaked_ranks,
@@ -193,9 +202,14 @@ class CollectiveLeakReport:
         }
 
 
-class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check is
+class leak_check(torchmem.leak_check):  # noqa: N801 - used like a function, as torchmem.leak_check is
     """``torchmem.leak_check`` for a distributed job: every rank leaves together and decides
     the same (see the module's docstring). A context manager and a decorator, reusable.
+
+    It *is* a ``torchmem.leak_check`` (the same entering, classifying and decorating: what a
+    decorated function returns is allowed, ``allowed_roots`` set on it reach the
+    classification); only its exit differs: after the local check has classified, the ranks
+    exchange their results and decide together.
 
     Args:
         group: the process group whose ranks check together (default: the whole job). Every
@@ -205,82 +219,85 @@ class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check i
             bounded by the group's own timeout). None: the group's timeout.
         raise_on_leak: raise ``DistributedLeakError`` on every rank when any rank leaked
             more than ``max_leaked_bytes``; otherwise only fill ``job``.
+        label: what this exit is for (the pytest plugin gives the test's node id): ranks
+            that exit with different labels are at different points of the program, and
+            every rank raises ``CollectiveMismatchError`` naming each rank's label.
         **options: the options of ``torchmem.leak_check`` (``gc_collect``, ``allow_tags``,
-            ``warmup``, ``capture_stacks``, ``max_leaked_bytes``, ``devices``).
+            ``warmup``, ``capture_stacks``, ``max_leaked_bytes``, ``devices``, ``cycles``,
+            ``cycle_repeats``, ``allow_held_by``).
 
     ``with ... as report`` binds this rank's ``LeakReport``; after the exit, ``check.report``
     is this rank's latest report and ``check.job`` the ``CollectiveLeakReport`` of all ranks.
     """
 
-    def __init__(self, *, group=None, timeout: float | None = None, raise_on_leak: bool = True, **options):
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"torchmem.distributed.leak_check: timeout must be seconds > 0 or None, got {timeout!r}")
-        self._local = torchmem.leak_check(raise_on_leak=False, **options)
+    def __init__(self, *, group=None, timeout: float | None = None, raise_on_leak: bool = True,
+                 label: str | None = None, **options):
+        # The local exit never raises a leak: the ranks decide together (LeakError is caught
+        # below in any case, should the local check raise one).
+        super().__init__(raise_on_leak=False, **options)
+        self.timeout = require_seconds(timeout, what="torchmem.distributed.leak_check: timeout", allow_none=True)
+        self.collective_raise_on_leak = bool(raise_on_leak)
         self.group = group
-        self.timeout = timeout
-        self.raise_on_leak = bool(raise_on_leak)
+        self.label = label
         self.job: CollectiveLeakReport | None = None
-        self._site = "?"
-        self._info = None
-
-    @property
-    def report(self):
-        """This rank's latest ``LeakReport``."""
-        return self._local.report
+        self._exits = 0  # exits so far; with ``entries`` (the local check's count) tells an open check
 
     def _options(self) -> dict:
-        local = self._local
         return {
-            "raise_on_leak": self.raise_on_leak,
-            "gc_collect": local.gc_collect,
-            "allow_tags": sorted(local.allow_tags),
-            "warmup": local.warmup,
-            "capture_stacks": local.capture_stacks,
-            "max_leaked_bytes": local.max_leaked_bytes,
-            "cycles": getattr(local, "cycles", None),
-            "cycle_repeats": getattr(local, "cycle_repeats", None),
-            "allow_held_by": sorted(root.name for root in getattr(local, "allowed_roots", ())),
+            "raise_on_leak": self.collective_raise_on_leak,
+            "gc_collect": self.gc_collect,
+            "allow_tags": sorted(self.allow_tags),
+            "warmup": self.warmup,
+            "capture_stacks": self.capture_stacks,
+            "max_leaked_bytes": self.max_leaked_bytes,
+            "cycles": self.cycles,
+            "cycle_repeats": self.cycle_repeats,
             # device types, not indices: rank r checking cuda:r is the same check
-            "devices": None if local.devices is None else sorted({name.split(":")[0] for name in local.devices}),
+            "devices": None if self.devices is None else sorted({name.split(":")[0] for name in self.devices}),
         }
 
     def __repr__(self) -> str:
-        return f"<torchmem.distributed.leak_check {self._local.entries} entries, group={self.group!r}>"
+        return f"<torchmem.distributed.leak_check {self.entries} entries, group={self.group!r}, label={self.label!r}>"
 
     def __enter__(self):
-        return self._enter(_caller_site(2))
-
-    def _enter(self, site: str):
-        self._info = group_info(self.group, "torchmem.distributed.leak_check")
-        self._site = site
-        return self._local._enter(site=site)
+        # Before the checked code runs: a missing process group is said now, not after it.
+        group_info(self.group, "torchmem.distributed.leak_check")
+        return super().__enter__()
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        if self._info is None or self._local._open is None:
-            return self._local.__exit__(exc_type, exc, traceback)  # raises what is wrong: nothing to exchange
-        what = f"torchmem.distributed.leak_check (entered at {self._site})"
+        if self.entries <= self._exits:  # never entered, or exited twice: the local check says so
+            return super().__exit__(exc_type, exc, traceback)
+        self._exits += 1
+        site = _outer_site()
+        what = f"torchmem.distributed.leak_check (exited at {site}" + (
+            f", for {self.label})" if self.label else ")"
+        )
+        info = group_info(self.group, "torchmem.distributed.leak_check")
         local_error = None
         try:
-            self._local.__exit__(exc_type, exc, traceback)
+            super().__exit__(exc_type, exc, traceback)
+        except LeakError:
+            pass  # decided together below
         except Exception as error:  # noqa: BLE001 - misuse errors: still take part in the exchange
             local_error = error
         failure = exc if exc_type is not None else local_error
-        report = self._local.report
+        report = self.report
         outcome = {
             "version": torchmem.__version__,
             "options": self._options(),
-            "entry": self._local.entries,
-            "rank": self._info.rank,
-            "global_rank": self._info.global_rank,
+            "entry": self.entries,
+            "label": self.label,
+            "rank": info.rank,
+            "global_rank": info.global_rank,
             "error": _error_text(type(failure), failure) if failure is not None else None,
             "leaks": None if report is None or failure is not None else _payload.compact_leaks(report),
         }
-        outcomes = _exchange(self._info, what, outcome, self.timeout)
-        job = self.job = CollectiveLeakReport(self._site, self._local.entries, outcomes)
+        outcomes = _exchange(info, what, outcome, self.timeout)
+        job = self.job = CollectiveLeakReport(site, self.entries, outcomes, self.label)
         failures = job.failures
         if failure is not None:
-            others = [rank for rank in failures if rank != self._info.rank]
-            stopped = [rank for rank in range(self._info.size) if rank not in failures]
+            others = [rank for rank in failures if rank != info.rank]
+            stopped = [rank for rank in range(info.size) if rank not in failures]
             if others:
                 add_note(failure, f"torchmem.distributed: {format_ranks(others)} also raised inside this check")
             if stopped:
@@ -299,45 +316,24 @@ class leak_check:  # noqa: N801 - used like a function, as torchmem.leak_check i
                 + "\n".join(f"  rank {rank}: {error}" for rank, error in failures.items()),
                 failures,
             )
-        if self.raise_on_leak and job.exceeds_limit:
+        if self.collective_raise_on_leak and job.exceeds_limit:
             raise DistributedLeakError(job, report)
         return False
 
-    def __call__(self, func):
-        """Checks every call of ``func`` collectively (every rank must call it); tensors it
-        returns are allowed to survive, as with ``torchmem.leak_check``."""
-        if not callable(func):
-            raise TypeError(
-                f"torchmem.distributed.leak_check(...) decorates a function, got {type(func).__name__}; "
-                "write @torchmem.distributed.leak_check() (with parentheses)"
-            )
 
-        code = getattr(func, "__code__", None)
-        site = (
-            f"{short_path(code.co_filename)}:{code.co_firstlineno} ({func.__qualname__})"
-            if code is not None else getattr(func, "__qualname__", repr(func))
-        )
+def _outer_site() -> str:
+    """file:line of the innermost frame outside torchmem: where the user's check ends."""
+    frame = sys._getframe(1)
+    while frame is not None and _is_torchmem_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return "?" if frame is None else f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
-        @functools.wraps(func)
-        def checked(*args, **kwargs):
-            self._enter(site)
-            try:
-                result = func(*args, **kwargs)
-            except BaseException:
-                if not self.__exit__(*sys.exc_info()):
-                    raise
-                return None
-            # As with torchmem.leak_check: what the function returns may outlive it.
-            opened = self._local._open
-            if opened is not None:
-                for tensor in _local_check._returned_tensors(result):
-                    identity = _local_check._block_identity(tensor)
-                    if identity is not None:
-                        opened.returned.add(identity)
-            self.__exit__(None, None, None)
-            return result
 
-        return checked
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(torchmem.__file__))
+
+
+def _is_torchmem_file(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
 
 
 # --- GrowthMonitor ---------------------------------------------------------------------------

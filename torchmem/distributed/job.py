@@ -279,13 +279,10 @@ class JobReport:
                 )
             if not report.devices:
                 rows.append([str(report.rank), "-", "-", "-", "-", "-", "-"])
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        right = {0, 2, 3, 4}
-        out = []
-        for row in rows:
-            cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
-            out.append(("  " + "  ".join(cells)).rstrip())
-        return out
+        from torchmem._support.tables import render_table
+
+        justify = ["right", "left", "right", "right", "right", "left", "left"]
+        return render_table(rows[0], rows[1:], justify=justify, gap=2).splitlines()
 
     def _exit_codes(self) -> str | None:
         codes: dict[str, list[int]] = {}

@@ -34,6 +34,7 @@ import time
 import traceback
 from datetime import timedelta
 
+from torchmem._support.validate import require_int
 from torchmem.distributed.errors import DistributedLeakError
 
 __all__ = ["spawn", "SpawnError"]
@@ -54,7 +55,8 @@ class SpawnError(RuntimeError):
 
 
 def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", devices=("cpu",),
-          timeout: float = 120.0, check: bool = True, repeat: int = 1, **check_options) -> list:
+          timeout: float = 120.0, check: bool = True, repeat: int = 1, allow_arguments: bool = False,
+          **check_options) -> list:
     """Runs ``fn(rank, world_size, *args)`` on ``world_size`` new processes that form a process
     group, and returns the ranks' return values (index = rank).
 
@@ -67,12 +69,14 @@ def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", d
             (``allow_tags``, ``max_leaked_bytes``, ``warmup``, ``timeout``, ...).
         repeat: calls of ``fn`` per rank, each checked (with ``warmup=N``, ``repeat=N+1`` makes
             the first N calls warm-up).
+        allow_arguments: memory held only through ``args`` (each rank's copy) is allowed, as the
+            pytest plugin allows a test's arguments (the ``torchmem_distributed`` fixture passes
+            the test's ``allow_arguments``).
 
     Raises ``DistributedLeakError`` when the check found leaks (its ``job`` names the ranks),
     ``SpawnError`` when a rank raised, crashed or did not finish within ``timeout``.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"torchmem.distributed.spawn: world_size must be an int >= 1, got {world_size!r}")
+    require_int(world_size, what="torchmem.distributed.spawn: world_size", minimum=1)
     if isinstance(devices, str):
         devices = (devices,)
     devices = tuple(devices)
@@ -96,6 +100,7 @@ def spawn(fn, *, world_size: int = 2, args: tuple = (), backend: str = "gloo", d
             "timeout": timeout,
             "check": dict(check_options) if check else None,
             "repeat": repeat,
+            "allow_arguments": bool(allow_arguments),
         }
         processes = [
             context.Process(target=_run_rank, args=(fn, rank, world_size, args, settings), daemon=True,
@@ -248,6 +253,8 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, settings: dict) -> d
                 options["devices"] = [
                     f"cuda:{torch.cuda.current_device()}" if kind == "cuda" else "cpu" for kind in sorted(kinds)
                 ]
+            if settings["allow_arguments"]:
+                options["allow_held_by"] = {f"args[{index}]": value for index, value in enumerate(args)}
             check = tmd.leak_check(**options)
         call = fn if check is None else check(fn)  # as a decorator: returned tensors may outlive it
         for _ in range(settings["repeat"]):

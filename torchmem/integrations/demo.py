@@ -151,29 +151,25 @@ def _run_on(device: torch.device, steps: int, out) -> bool:
 
 
 def _devices(choice: str) -> list[torch.device]:
-    from torchmem.integrations import cli as _cli
+    from torchmem.integrations import devices
 
-    cuda = _cli._cuda_available()
-    if choice == "cuda" and not cuda:
-        raise _cli._UsageError("--device cuda: no CUDA device is available to torchmem here (try --device cpu)")
-    devices = []
-    if choice in ("auto", "cpu"):
-        devices.append(torch.device("cpu"))
-    if choice == "cuda" or (choice == "auto" and cuda):
-        devices.append(torch.device("cuda", 0))
-    return devices
+    return [torch.device(kind, 0) if kind == "cuda" else torch.device(kind) for kind in devices.device_types(choice)]
+
+
+def check_steps(steps) -> int:
+    """``steps`` when the demo can run that many; ValueError / TypeError otherwise."""
+    from torchmem._support.validate import require_int
+
+    return require_int(
+        steps, what="steps", minimum=MIN_STEPS, maximum=MAX_STEPS,
+        meaning=f"a warm-up step and two to judge growth; each buggy step keeps {STATE_SIZE} more alive",
+    )
 
 
 def main(device: str = "auto", steps: int = 10, out=None) -> int:
     """Runs the demo; returns 0 when torchmem caught the leak and the fixed loop is clean."""
-    from torchmem.integrations import cli as _cli
-
     out = sys.stdout if out is None else out
-    if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_STEPS <= steps <= MAX_STEPS:
-        raise _cli._UsageError(
-            f"--steps must be between {MIN_STEPS} (a warm-up step and two to judge growth) and {MAX_STEPS} "
-            f"(each buggy step keeps {STATE_SIZE} more alive), got {steps!r}"
-        )
+    check_steps(steps)
     try:
         import torchmetrics  # noqa: F401
     except ImportError:

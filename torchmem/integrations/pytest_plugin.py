@@ -55,15 +55,24 @@ CPU allocator on first use; CUDA checks need torchmem installed before CUDA is i
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, replace
 
 import pytest
 
+# The peak limit (limit_peak), --torchmem-top and --torchmem-capture-dir, each in its own module.
+pytest_plugins = (
+    "torchmem.integrations.pytest_limits",
+    "torchmem.integrations.pytest_top",
+    "torchmem.integrations.pytest_captures",
+)
+
 _MARKER = "torchmem"
 _FIXTURE = "torchmem_leak_check"
 _MARKER_KEYWORDS = (
     "device", "allow_tags", "warmup", "max_leaked_bytes", "enabled", "cycles", "cycle_repeats", "allow_arguments",
+    "limit_peak",
 )
 
 
@@ -79,6 +88,7 @@ class CheckOptions:
     cycles: str = "repeating"
     cycle_repeats: int = 8
     allow_arguments: bool = True
+    dist_timeout: float = 300.0
 
 
 class MarkerError(ValueError):
@@ -126,6 +136,13 @@ def pytest_addoption(parser) -> None:
         help="allow memory held only through the test's arguments: parametrize values and fixtures "
              "(ini: torchmem_allow_arguments; default yes)",
     )
+    group.addoption(
+        "--torchmem-dist-timeout", default=None, dest="torchmem_dist_timeout", metavar="SECONDS",
+        help="under torchrun -m pytest: seconds the ranks wait for each other at a test's exchange before "
+             "failing it on every rank (ini: torchmem_dist_timeout; default 300)",
+    )
+    parser.addini("torchmem_dist_timeout", default="300",
+                  help="seconds the ranks wait for each other at a test's exchange (torchrun -m pytest)")
     parser.addini("torchmem_autouse", type="bool", default=False, help="check every test for torchmem leaks")
     parser.addini("torchmem_device", default="auto", help="device whose blocks are checked (cpu, cuda[:N], auto)")
     parser.addini("torchmem_max_leaked_bytes", default="0", help="leaked bytes tolerated per test")
@@ -144,10 +161,13 @@ def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
         "torchmem(device='auto', allow_tags=(), warmup=0, max_leaked_bytes=0, cycles='repeating', cycle_repeats=8, "
-        "allow_arguments=True, enabled=True): check this test for torchmem blocks still alive when it returns, "
-        "with these settings",
+        "allow_arguments=True, enabled=True, limit_peak=None): check this test for torchmem blocks still alive "
+        "when it returns, with these settings; limit_peak='256 MiB' fails it when its own allocations peak above "
+        "that on a device",
     )
     defaults = _config_defaults(config)
+    if defaults.enabled:
+        defaults = _resolved(defaults)
     config.stash[_OPTIONS_KEY] = defaults
     if defaults.enabled and defaults.device.startswith("cuda"):
         # CUDA's allocator can only be swapped before CUDA is initialized: do it before
@@ -174,7 +194,7 @@ def _config_defaults(config) -> CheckOptions:
 
         return CheckOptions(
             enabled=bool(pick("torchmem", "torchmem_autouse")),
-            device=_resolve_device(pick("torchmem_device", "torchmem_device")),
+            device=_check_device(pick("torchmem_device", "torchmem_device")),
             allow_tags=tuple(config.getini("torchmem_allow_tags")),
             warmup=0,
             max_leaked_bytes=parse_bytes(
@@ -192,9 +212,24 @@ def _config_defaults(config) -> CheckOptions:
                 pick("torchmem_allow_arguments", "torchmem_allow_arguments"),
                 what="torchmem: --torchmem-allow-arguments / torchmem_allow_arguments",
             ),
+            dist_timeout=_seconds(
+                pick("torchmem_dist_timeout", "torchmem_dist_timeout"),
+                what="torchmem: --torchmem-dist-timeout / torchmem_dist_timeout",
+            ),
         )
     except (TypeError, ValueError) as error:
         raise pytest.UsageError(str(error)) from None
+
+
+def _seconds(value, *, what: str) -> float:
+    from torchmem._support.validate import require_seconds
+
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass  # refused below, with the text as given
+    return require_seconds(value, what=what)
 
 
 def _boolean(value, *, what: str) -> bool:
@@ -205,20 +240,31 @@ def _boolean(value, *, what: str) -> bool:
     raise ValueError(f"{what} must be yes or no (true/false, 1/0), got {value!r}")
 
 
-def _resolve_device(device) -> str:
-    import torch
-
-    if isinstance(device, torch.device):
+def _check_device(device) -> str:
+    """The device as a string ('auto' kept: resolved only for a test that is checked, so that
+    a session without checks never imports torch)."""
+    torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
+    if torch is not None and isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
         raise TypeError(f"torchmem: device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
     device = device.strip()
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
     kind = device.split(":", 1)[0]
-    if kind not in ("cpu", "cuda"):
+    if device != "auto" and kind not in ("cpu", "cuda"):
         raise ValueError(f"torchmem: unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'")
     return device
+
+
+@functools.cache
+def _auto_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolved(options: CheckOptions) -> CheckOptions:
+    """``options`` with device 'auto' made concrete: CUDA when PyTorch sees a GPU, else CPU."""
+    return replace(options, device=_auto_device()) if options.device == "auto" else options
 
 
 def _options_for(item) -> CheckOptions:
@@ -247,7 +293,8 @@ def _options_for(item) -> CheckOptions:
         kwargs.update(fixture_param)
         where = f"the {_FIXTURE} fixture's parameter" if not where else f"{where} / the {_FIXTURE} parameter"
     if not where:
-        return replace(options, enabled=options.enabled or uses_fixture)
+        options = replace(options, enabled=options.enabled or uses_fixture)
+        return _resolved(options) if options.enabled else options
     unknown = sorted(set(kwargs) - set(_MARKER_KEYWORDS))
     if unknown:
         raise MarkerError(
@@ -258,12 +305,12 @@ def _options_for(item) -> CheckOptions:
         from torchmem.leaks import cycle_policy
         from torchmem._support.units import parse_bytes
 
-        warmup = kwargs.get("warmup", 0)
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (extra unchecked runs), got {warmup!r}")
-        return CheckOptions(
+        from torchmem._support.validate import require_int
+
+        warmup = require_int(kwargs.get("warmup", 0), what="warmup", minimum=0, meaning="extra unchecked runs")
+        checked = CheckOptions(
             enabled=bool(kwargs.get("enabled", True)),
-            device=_resolve_device(kwargs.get("device", options.device)),
+            device=_check_device(kwargs.get("device", options.device)),
             allow_tags=tuple(sorted(_normalize_tags(kwargs.get("allow_tags", options.allow_tags)))),
             warmup=warmup,
             max_leaked_bytes=parse_bytes(
@@ -274,7 +321,9 @@ def _options_for(item) -> CheckOptions:
                 kwargs.get("cycle_repeats", options.cycle_repeats), what="cycle_repeats"
             ),
             allow_arguments=_boolean(kwargs.get("allow_arguments", options.allow_arguments), what="allow_arguments"),
+            dist_timeout=options.dist_timeout,
         )
+        return _resolved(checked) if checked.enabled else checked
     except (TypeError, ValueError) as error:
         raise MarkerError(f"{where} on {item.nodeid}: {error}") from None
 
@@ -324,7 +373,7 @@ def _install_for_test(device: str, item) -> None:
     pytest.fail(message, pytrace=False)
 
 
-def _make_check(options: CheckOptions):
+def _make_check(options: CheckOptions, item):
     import torchmem
 
     kwargs = dict(
@@ -339,9 +388,11 @@ def _make_check(options: CheckOptions):
     if _in_process_group():
         # pytest run on every rank of a job (torchrun -m pytest): the ranks decide together, so a
         # leak on one rank fails the test on all of them and none runs ahead into the next test.
+        # Every exchange carries the test's node id (ranks at different tests fail, naming both)
+        # and is bounded by the timeout.
         import torchmem.distributed
 
-        return torchmem.distributed.leak_check(**kwargs)
+        return torchmem.distributed.leak_check(label=item.nodeid, timeout=options.dist_timeout, **kwargs)
     return torchmem.leak_check(**kwargs)
 
 
@@ -391,9 +442,37 @@ def torchmem_leak_check(request):
     """
     options = _checked_options(request.node)
     _install_for_test(options.device, request.node)
-    check = _make_check(options)
+    check = _make_check(options, request.node)
     request.node.stash[_CHECK_KEY] = check
     yield check
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Under ``torchrun -m pytest``: a rank whose setup failed or skipped (a fixture error, a
+    ``skipif`` true on one rank) still takes part in this test's exchange, so the other ranks
+    fail this test naming it, instead of pairing their next test with this one."""
+    try:
+        return (yield)
+    except BaseException as error:
+        _settle_failed_setup(item, error)
+        raise
+
+
+def _settle_failed_setup(item, error: BaseException) -> None:
+    try:
+        options = _options_for(item)
+    except MarkerError:
+        return  # the same on every rank: every rank fails the test before any exchange
+    if not options.enabled or not _in_process_group():
+        return
+    try:
+        _install(options.device, where=f"for {item.nodeid}")
+        check = item.stash.get(_CHECK_KEY, None) or _make_check(options, item)
+        check.__enter__()
+        check.__exit__(type(error), error, error.__traceback__)
+    except Exception:  # noqa: BLE001 - the exchange failed too; the setup error is what this rank reports
+        pass
 
 
 @pytest.hookimpl(wrapper=True)
@@ -404,7 +483,8 @@ def pytest_runtest_call(item):
     if not options.enabled:
         return (yield)
     _install_for_test(options.device, item)
-    check = item.stash.get(_CHECK_KEY, None) or _make_check(options)
+    check = item.stash.get(_CHECK_KEY, None) or _make_check(options, item)
+    item.stash[_CHECK_KEY] = check  # --torchmem-capture-dir puts its findings in the test's capture
     from torchmem.integrations.pytest_arguments import argument_roots
 
     # The test's arguments name holders either way; allow_arguments also allows them.
@@ -445,7 +525,7 @@ def torchmem_distributed(request):
     marker = request.node.get_closest_marker(_MARKER)
     # Asking for the fixture turns the ranks' check on, unless the marker turns it off.
     checked = marker is None or marker.kwargs.get("enabled", True) is not False
-    return _DistributedRunner(replace(options, enabled=checked))
+    return _DistributedRunner(_resolved(replace(options, enabled=checked)))
 
 
 class _DistributedRunner:
@@ -464,7 +544,8 @@ class _DistributedRunner:
             return spawn(
                 fn, world_size=world_size, args=args, backend=backend, devices=(options.device.split(":")[0],),
                 timeout=timeout, check=options.enabled, repeat=options.warmup + 1, allow_tags=options.allow_tags,
-                warmup=options.warmup, max_leaked_bytes=options.max_leaked_bytes,
+                warmup=options.warmup, max_leaked_bytes=options.max_leaked_bytes, cycles=options.cycles,
+                cycle_repeats=options.cycle_repeats, allow_arguments=options.allow_arguments,
             )
         except DistributedLeakError as error:
             message = f"{error.job.render()}\n{_HINT}"

@@ -21,36 +21,46 @@ for users):
    ``owners.find_owners`` names its holders (**allowed** when only objects passed in
    ``allow_held_by`` hold it).
 
-Cost: a check that leaves nothing behind costs a scope open and close, an O(1) freeze and
-thaw of the collector's generations (``collector``), a pause of its automatic collections
-while the exit runs, and stack capture while open (a fraction of a microsecond per
-allocation); no garbage collection. One with survivors
-collects only the objects made while it was open, and runs the owner search for blocks
-that survive that.
+Cost: a check that leaves nothing behind costs a scope open and close, a pause of the
+collector's automatic collections while the exit runs, and stack capture while open (a
+fraction of a microsecond per allocation); no garbage collection. One with survivors collects
+the young generations, the whole heap only when a block survives that, and runs the owner
+search for blocks that survive both (``collector``). The collector is never frozen or
+reconfigured while the checked code runs: it sees what it sees outside a check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from torchmem._support.locks import ForkSafeLock
 from torchmem.runtime import devices as _devices
+from torchmem.runtime import install as _install
 from torchmem.leaks import collector
 from torchmem.leaks import cycle_policy
 from torchmem.leaks import owners as _owners
 from torchmem.stacks import capture as stack_capture
 from torchmem import _C
-from torchmem._support.units import parse_bytes
+from torchmem._support.units import format_bytes, parse_bytes
 from torchmem._support.files import short_path
 from torchmem.leaks.classify import Classifier
 from torchmem.leaks.report import Finding, LeakError, LeakReport
 
-__all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding"]
+__all__ = ["leak_check", "expect_alive", "LeakError", "LeakReport", "Finding", "UnseenMemoryWarning"]
+
+
+class UnseenMemoryWarning(RuntimeWarning):
+    """A leak check ended with memory allocated inside that it could not see: CUDA memory
+    PyTorch's own allocator holds while torchmem serves only the CPU. The report says so in
+    place of "no leaks"."""
 
 # Checks open on each thread, innermost last (closing must be LIFO per thread).
 _thread_state = threading.local()
@@ -75,9 +85,11 @@ class _OpenCheck:
     report: LeakReport
     site: str
     capture: object = None
-    freeze: object = None
     expected: set = field(default_factory=set)  # (device, address, sequence)
     returned: set = field(default_factory=set)  # the same, for what a decorated function returned
+    yielded: set = field(default_factory=set)  # the same, for what a decorated generator yielded
+    allowed_roots: tuple = ()  # AllowedRoots of this entry only (what a decorated function returned)
+    unseen_cuda_start: dict | None = None  # PyTorch's own CUDA allocator's bytes per device at enter
 
 
 def _caller_site(depth: int) -> str:
@@ -171,16 +183,74 @@ def expect_alive(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+_MAX_RETURNED_ITEMS = 100_000  # containers' items looked at for returned tensors (a huge list: its start)
+
+
 def _returned_tensors(result) -> list[torch.Tensor]:
-    """Tensors in what a decorated function returned: the value itself, or the items of a
-    returned tuple/list/dict (one level deep)."""
-    if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, dict):
-        result = list(result.values())
-    if isinstance(result, (tuple, list)):
-        return [item for item in result if isinstance(item, torch.Tensor)]
-    return []
+    """Tensors in what a decorated function returned, at any nesting depth: the value
+    itself, the items of tuples (named ones too), lists, sets and dicts (keys and values),
+    and the fields of dataclass instances. Other objects are followed by the owner search
+    (``allow_returned`` makes the whole result an allowed root)."""
+    found = []
+    seen: set[int] = set()
+    pending = [result]
+    budget = _MAX_RETURNED_ITEMS
+    while pending and budget > 0:
+        value = pending.pop()
+        budget -= 1
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+            continue
+        if id(value) in seen:
+            continue
+        if isinstance(value, dict):
+            seen.add(id(value))
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, (tuple, list, set, frozenset)):
+            seen.add(id(value))
+            pending.extend(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            seen.add(id(value))
+            pending.extend(getattr(value, item.name, None) for item in dataclasses.fields(value))
+    return found
+
+
+_INSTALL_HINT = (
+    "call torchmem.install('cpu') (and torchmem.install('cuda') before anything starts CUDA), or run "
+    "under `python -m torchmem run` or `pytest --torchmem`, which install it"
+)
+
+
+def _served_or_refuse(devices: frozenset | None) -> list[str]:
+    """The device types torchmem serves; raises when the check could see none of the memory
+    it is asked about (it would say "no leaks" about memory it never saw)."""
+    served = _install.installed_devices()
+    if not served:
+        raise RuntimeError(
+            "torchmem.leak_check: torchmem is not installed, so this check cannot see any allocation and "
+            f"would report 'no leaks' whatever the code keeps; {_INSTALL_HINT}"
+        )
+    if devices is not None and not any(name.split(":")[0] in served for name in devices):
+        raise RuntimeError(
+            f"torchmem.leak_check: devices={sorted(devices)} but torchmem serves only {', '.join(served)}, so "
+            f"this check could see nothing there; {_INSTALL_HINT}"
+        )
+    return served
+
+
+def _native_cuda_bytes() -> dict[int, int] | None:
+    """Bytes PyTorch's own CUDA allocator has allocated, per device, when CUDA is started and
+    torchmem does not serve it (memory no leak check can see); None otherwise."""
+    if "cuda" in _install.installed_devices():
+        return None
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return {}
+    try:
+        return {index: cuda.memory_allocated(index) for index in range(cuda.device_count())}
+    except (RuntimeError, AssertionError):  # an allocator without statistics: nothing to compare
+        return None
 
 
 class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
@@ -205,8 +275,9 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
             default all devices torchmem serves.
         cycles: when memory that only a reference cycle held counts as leaked:
             ``"repeating"`` (default: when one allocation stack and holder type left
-            ``cycle_repeats`` cycles in this entry, or cycles in the previous entry too: the
-            Composer bug; an object that merely lives in a cycle is reported, not counted),
+            ``cycle_repeats`` cycles in this entry, each dropped on its own: the Composer bug;
+            an object that merely lives in a cycle is reported, not counted; each entry of a
+            reused check is judged on its own),
             ``"always"`` or ``"never"``. See ``torchmem.leaks.cycle_policy``.
         cycle_repeats: separate cycles (int >= 2, default 8) that make ``"repeating"`` count.
         allow_held_by: ``{name: object}``: memory held only through these objects is
@@ -245,8 +316,6 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self.cycles = cycle_policy.normalize_policy(cycles)
         self.cycle_repeats = cycle_policy.normalize_repeats(cycle_repeats)
         self.allowed_roots = _normalize_held_by(allow_held_by)
-        # Cycle groups (allocation stack, holder type) the previous non-warm-up entry left.
-        self.previous_cycle_keys: frozenset = frozenset()
         self.entries = 0
         self.report: LeakReport | None = None
         self._open: _OpenCheck | None = None
@@ -270,6 +339,13 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 f"torchmem.leak_check: this check is open on another thread (entered at {self._open.site}); "
                 "create one leak_check per thread"
             )
+        _served_or_refuse(self.devices)
+        # CUDA memory PyTorch's own allocator holds now: what it holds more at exit was
+        # allocated inside, where this check cannot see (said in the report, never "no leaks").
+        if self.devices is None or any(not name.startswith("cpu") for name in self.devices):
+            unseen_cuda_start = _native_cuda_bytes()
+        else:
+            unseen_cuda_start = None
         self.entries += 1
         report = LeakReport(
             entry=self.entries, warmup=self.entries <= self.warmup, max_leaked_bytes=self.max_leaked_bytes,
@@ -287,7 +363,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 capture.__exit__(None, None, None)
             raise
         entry = _OpenCheck(scope=scope, thread=threading.get_ident(), report=report, site=site, capture=capture,
-                           freeze=collector.open_freeze())
+                           unseen_cuda_start=unseen_cuda_start)
         self._open = entry
         _thread_stack().append(entry)
         with _open_checks_lock:
@@ -312,7 +388,6 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                     "opened inside it directly with torchmem._C.open_scope is still open: close that first"
                 ) from error
             self._unregister(entry)
-            collector.close_freeze(entry.freeze)
             raise RuntimeError(
                 f"torchmem.leak_check (entered at {entry.site}): its scope was already closed, by a direct "
                 "torchmem._C.close_scope call; leave leak-check scopes to leak_check"
@@ -320,19 +395,38 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         self._unregister(entry)
         report = entry.report
         self.report = report
-        try:
-            if exc_type is not None:
-                # The traceback keeps the failing frames' locals alive: whatever is left would
-                # be noise, and the original error matters more.
-                report.aborted = f"{exc_type.__name__}: {exc}"
-                return False
-            Classifier(self, entry, survivors).run()
-        finally:
-            collector.close_freeze(entry.freeze)
+        if exc_type is not None:
+            # The traceback keeps the failing frames' locals alive: whatever is left would
+            # be noise, and the original error matters more.
+            report.aborted = f"{exc_type.__name__}: {exc}"
+            return False
+        Classifier(self, entry, survivors).run()
+        self._note_unseen(entry)
         report.finished = True
         if self.raise_on_leak and not report.warmup and report.exceeds_limit:
             raise LeakError(report)
         return False
+
+    def _note_unseen(self, entry: _OpenCheck) -> None:
+        """Says so (report and warning) when CUDA memory allocated inside is still allocated
+        by PyTorch's own allocator, which this check cannot see."""
+        if entry.unseen_cuda_start is None:
+            return
+        now = _native_cuda_bytes()
+        if not now:
+            return
+        grown = {index: size - entry.unseen_cuda_start.get(index, 0) for index, size in now.items()}
+        grown = {index: size for index, size in grown.items() if size > 0}
+        if not grown:
+            return
+        where = ", ".join(f"cuda:{index}" for index in sorted(grown))
+        entry.report.unseen = (
+            f"{format_bytes(sum(grown.values()))} of CUDA memory ({where}) allocated inside is still allocated by "
+            f"PyTorch's own allocator, which this check cannot see (torchmem serves only "
+            f"{', '.join(_install.installed_devices())}): {_INSTALL_HINT}"
+        )
+        warnings.warn(f"torchmem.leak_check (entered at {entry.site}): {entry.report.unseen}", UnseenMemoryWarning,
+                      stacklevel=4)
 
     def _validated_open_entry(self) -> _OpenCheck:
         """The entry an exit closes; raises (changing nothing) if this exit is misplaced."""
@@ -366,14 +460,60 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         if entry.capture is not None:
             entry.capture.__exit__(None, None, None)
 
+    # --- for wrappers (torchmem.distributed's collective check) ------------------------
+    @property
+    def is_open(self) -> bool:
+        """True while an entry of this check is open (between its enter and exit)."""
+        return self._open is not None
+
+    def enter(self, site: str | None = None) -> LeakReport:
+        """Opens an entry, as ``with`` does; ``site`` is what reports and errors call the
+        place it was entered (default: the caller's file and line). For code that wraps a
+        check: ``torchmem.distributed.leak_check`` enters its rank's check with it."""
+        return self._enter(site=site if site is not None else _caller_site(2))
+
+    def allow_returned(self, result, *, yielded: bool = False) -> None:
+        """Allows what ``result`` holds to outlive the entry open on this thread, as the
+        decorator does with what a function returns: tensors in it at any nesting depth
+        (tuples, named tuples, lists, sets, dicts, dataclasses), and anything held only
+        through it (an object holding tensors: the owner search starts at ``result``).
+        ``yielded``: ``result`` is an item a generator yielded. Does nothing when no entry is
+        open on this thread."""
+        entry = self._open
+        if entry is None or entry.thread != threading.get_ident():
+            return
+        identities = entry.yielded if yielded else entry.returned
+        for tensor in _returned_tensors(result):
+            identity = _block_identity(tensor)
+            if identity is not None:
+                identities.add(identity)
+        note = "yielded by the checked generator" if yielded else "returned by the checked function"
+        entry.allowed_roots += (_owners.AllowedRoot("result", result, f"held only through result, {note}"),)
+
     # --- decorator ------------------------------------------------------------------
     def __call__(self, func):
-        """Checks every call of ``func``; tensors it returns are allowed to survive."""
+        """Checks every call of ``func``; what it returns is allowed to survive.
+
+        Coroutine functions (``async def``) are checked while the coroutine runs, from its
+        first step to its return; generator functions from the first item asked for to
+        their exhaustion or ``close()``, what they yield being allowed like a return value
+        (what the consuming loop keeps between items is allocated inside, and counts).
+        """
         if not callable(func):
             raise TypeError(
                 f"torchmem.leak_check(...) decorates a function, got {type(func).__name__}; "
                 "write @torchmem.leak_check() (with parentheses) or use it in a with-statement"
             )
+        if inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"torchmem.leak_check() cannot decorate the async generator {func.__qualname__}: its items are "
+                "produced across awaits of the consumer; use `with torchmem.leak_check():` around the code that "
+                "consumes it, or inside it"
+            )
+        if inspect.iscoroutinefunction(func):
+            return self._checked_coroutine(func)
+        if inspect.isgeneratorfunction(func):
+            return self._checked_generator(func)
 
         @functools.wraps(func)
         def checked(*args, **kwargs):
@@ -387,13 +527,77 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
                 if not self.__exit__(*sys.exc_info()):
                     raise
                 return None
-            opened = self._open
-            if opened is not None:
-                for tensor in _returned_tensors(result):
-                    identity = _block_identity(tensor)
-                    if identity is not None:
-                        opened.returned.add(identity)
+            self.allow_returned(result)
             self.__exit__(None, None, None)
             return result
 
         return checked
+
+    def _checked_coroutine(self, func):
+        site = _definition_site(func)
+
+        @functools.wraps(func)
+        async def checked(*args, **kwargs):
+            entry = self._open
+            if entry is not None and entry.thread == threading.get_ident():
+                return await func(*args, **kwargs)  # awaited inside its own check
+            self._enter(site=site)
+            try:
+                result = await func(*args, **kwargs)
+            except BaseException:
+                if not self.__exit__(*sys.exc_info()):
+                    raise
+                return None
+            self.allow_returned(result)
+            self.__exit__(None, None, None)
+            return result
+
+        return checked
+
+    def _checked_generator(self, func):
+        site = _definition_site(func)
+
+        @functools.wraps(func)
+        def checked(*args, **kwargs):
+            entry = self._open
+            if entry is not None and entry.thread == threading.get_ident():
+                return (yield from func(*args, **kwargs))  # iterated inside its own check
+            self._enter(site=site)
+            try:
+                generator = func(*args, **kwargs)
+                item = next(generator)
+                while True:
+                    self.allow_returned(item, yielded=True)
+                    try:
+                        sent = yield item
+                    except GeneratorExit:  # closed before its end: check what it left so far
+                        del item
+                        generator.close()
+                        break
+                    except BaseException as error:  # thrown in: the generator decides
+                        del item  # not kept while the next one is made
+                        item = generator.throw(error)
+                    else:
+                        del item
+                        item = generator.send(sent)
+            except StopIteration as stop:
+                result = stop.value
+            except BaseException:
+                if not self.__exit__(*sys.exc_info()):
+                    raise
+                return None
+            else:
+                result = None  # closed early
+            self.allow_returned(result)
+            self.__exit__(None, None, None)
+            return result
+
+        return checked
+
+
+def _definition_site(func) -> str:
+    """``file:line (qualname)`` of a function: where a coroutine or generator check is entered
+    from cannot be told (its first step runs from an event loop or a for-loop)."""
+    code = getattr(func, "__code__", None)
+    name = getattr(func, "__qualname__", repr(func))
+    return f"{short_path(code.co_filename)}:{code.co_firstlineno} ({name})" if code is not None else name

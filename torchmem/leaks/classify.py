@@ -8,8 +8,9 @@ module runs: only a reference cycle held them; counted as leaked or not by
 ``torchmem.leaks.cycle_policy``) or **reachable** (still allocated after it:
 ``owners.find_owners`` names the holders).
 
-Cost: the collections visit only objects made while the check was open
-(``torchmem.leaks.collector``); the owner search runs only for blocks that survive them.
+Cost: a collection of the young generations first, of the whole heap only for blocks still
+allocated after it (``torchmem.leaks.collector``); the owner search runs only for blocks that
+survive both.
 """
 
 from __future__ import annotations
@@ -79,7 +80,17 @@ class Classifier:
         freed: set = set()
         holders: dict = {}
         if self.check.gc_collect:
-            freed, holders = self._collect_cycles(candidates)
+            # The young generations first (cheap); the whole heap for what is still
+            # allocated then: garbage the collector already moved to its oldest generation
+            # (the cycles of a long test or loop). See ``collector``.
+            freed, holders = self._collect_cycles(candidates, young=True)
+            remaining = [(device, block) for device, block in candidates
+                         if (device, block["address"]) not in freed
+                         and (device, block["address"]) not in self.released_meanwhile]
+            if remaining:
+                late_freed, late_holders = self._collect_cycles(remaining, young=False)
+                freed |= late_freed
+                holders.update(late_holders)
             self.report.gc_collected = True
         candidates = [(device, block) for device, block in candidates
                       if (device, block["address"]) not in self.released_meanwhile]
@@ -88,28 +99,15 @@ class Classifier:
         if reachable:
             search = _owners.find_owners(
                 [(device, block["address"], block["size"]) for device, block in reachable],
-                allowed_roots=self.check.allowed_roots,
+                allowed_roots=self.check.allowed_roots + self.entry.allowed_roots,
             )
             self.report.owner_search_stopped_early = search.stopped_early
-            if (self.check.gc_collect and search.unnamed and not search.stopped_early and not collector.is_frozen()
-                    and collector.epoch_was_frozen(self.entry.freeze)):
-                # The walk had to look beyond the objects made during the check (something
-                # older holds them), went through every referrer and found no named root: that
-                # is what garbage older than the check looks like (frozen, so not collected by
-                # the first pass). Collect the whole heap to be sure. A walk stopped by its
-                # budget, or one that never left the new objects, is not worth a collection.
-                collector.thaw()
-                late_freed, late_holders = self._collect_cycles(
-                    [(device, block) for device, block in reachable if (device, block["address"]) in search.unnamed]
-                )
-                freed |= late_freed
-                holders.update(late_holders)
         note = None if self.check.gc_collect else "gc.collect() was not run (gc_collect=False): cycles count as reachable"
         cycle_findings = []
         for device, block in candidates:
             key = (device, block["address"])
             if key in self.released_meanwhile:
-                continue  # released by another thread during the late collection: not left behind
+                continue  # released by another thread during a collection: not left behind
             if key in freed:
                 holder = holders.get(key)
                 cycle_findings.append((len(self.report.findings), holder))
@@ -134,15 +132,11 @@ class Classifier:
         for index, holder in cycle_findings:
             finding = self.report.findings[index]
             holder_type = holder.holder_type if holder else ""
-            # Garbage not connected to other garbage: a wrapper holding many metric copies is one.
-            cycle_id = holder.island_id if holder else -index - 1  # unknown holders: one each
-            held.append((index, (finding.context, holder_type), cycle_id))
-        verdicts, keys = cycle_policy.judge(
-            held, policy=self.check.cycles, repeats=self.check.cycle_repeats,
-            previous=self.check.previous_cycle_keys,
-        )
-        if not self.report.warmup:
-            self.check.previous_cycle_keys = keys
+            # What was dropped together (one wrapper above many metric copies) counts once;
+            # a block whose holder is unknown is a copy of its own.
+            tops = holder.dropped_with if holder and holder.dropped_with else frozenset({("unknown", index)})
+            held.append((index, (finding.context, holder_type), tops))
+        verdicts = cycle_policy.judge(held, policy=self.check.cycles, repeats=self.check.cycle_repeats)
         for index, verdict in verdicts.items():
             finding = self.report.findings[index]
             self.report.findings[index] = replace(finding, counted=verdict.counted, note=verdict.note)
@@ -158,6 +152,8 @@ class Classifier:
             return "declared with torchmem.expect_alive"
         if identity in self.entry.returned:
             return "returned by the checked function"
+        if identity in self.entry.yielded:
+            return "yielded by the checked generator"
         if block["context"]:
             return torch_caches.reason(self._stack(block["context"]), block["requested_size"])
         return None
@@ -187,18 +183,25 @@ class Classifier:
     def _still_allocated(self, device: str, block: dict) -> bool:
         return still_allocated(self._engine(device), block)
 
-    def _collect_cycles(self, candidates: list) -> tuple[set, dict]:
-        """Collects garbage; returns the candidates it freed and, for those used by tensors
-        in the garbage, the cycle that held them.
+    def _collect_cycles(self, candidates: list, *, young: bool) -> tuple[set, dict]:
+        """Finds the garbage of the young generations (``young``) or of the whole heap;
+        returns the candidates it holds and, for those used by tensors in the garbage, the
+        cycle that held them.
 
-        The first collection keeps the garbage for inspection (``collector``), the second
-        frees it. While the collector is frozen both visit only objects made since the
-        check opened. (A program that set ``gc.DEBUG_SAVEALL`` itself keeps its garbage:
-        those blocks stay allocated and show as reachable from ``gc.garbage``.)
+        Young garbage is found without collecting (``collector.young_garbage``), inspected,
+        then freed by ``gc.collect(1)``: a candidate counts as cycle-held when that freed it.
+        The whole heap's is found by a saving collection and inspected; a candidate counts
+        as cycle-held when the garbage holds it (a cycle above its tensor). That garbage is
+        left to the collector's next full pass, as without the check (it is in the oldest
+        generation already): a second pass over the whole heap would double the exit's cost.
+        (A program that set ``gc.DEBUG_SAVEALL`` itself keeps its garbage: those blocks stay
+        allocated and show as reachable from ``gc.garbage``.)
         """
         blocks = [(device, block["address"], block["size"]) for device, block in candidates]
-        garbage = collector.collect_saving_garbage()
-        # The saved garbage is still alive here, so a candidate already gone was released by
+        garbage = collector.young_garbage() if young else collector.collect_saving_garbage()
+        if garbage is None:  # too many young objects to sort in Python: the whole heap's pass
+            return self._collect_cycles(candidates, young=False)
+        # The garbage is still alive here, so a candidate already gone was released by
         # something else (a Gloo worker dropping its last reference to a collective's tensor
         # just after the collective returned), not by the garbage collector: not left behind.
         released = {(device, block["address"]) for device, block in candidates
@@ -210,7 +213,28 @@ class Classifier:
             holders = _owners.find_cycle_holders(blocks, garbage)
         finally:
             del garbage
-        gc.collect()  # frees what the first pass only saved
+        if not young:
+            held = set(holders) - released
+            return held, {key: holder for key, holder in holders.items() if key in held}
+        # Frees what was only found. What another thread releases meanwhile is not the
+        # collector's doing: the blocks gone when the collection starts (after the other
+        # callbacks, a Gloo worker's release among them) are set apart.
+        at_start: set = set()
+
+        def note_released(phase, info):
+            if phase == "start" and not at_start:
+                at_start.add(None)
+                at_start.update((device, block["address"]) for device, block in candidates
+                                if not self._still_allocated(device, block))
+
+        gc.callbacks.append(note_released)
+        try:
+            gc.collect(collector.YOUNG)
+        finally:
+            gc.callbacks.remove(note_released)
+        at_start.discard(None)
+        released |= at_start
+        self.released_meanwhile |= at_start
         freed = {(device, block["address"]) for device, block in candidates
                  if not self._still_allocated(device, block)} - released
         return freed, {key: holder for key, holder in holders.items() if key in freed}

@@ -10,16 +10,28 @@ objects in its oldest generation can be very late.
 
 So, with ``cycles="repeating"`` (the default), cycle-held blocks are grouped by
 *(allocation stack, holder type)*: the block's captured Python stack (the same line
-reached the same way) and the type of the cycle member nearest to it. Within a group,
-cycles are counted by *island*: garbage connected to other garbage is one island (a
-``MetricCollection``, a ``BootStrapper`` or a ``MetricTracker`` holding many metric
-copies, each in a cycle of its own, leaves one), garbage dropped separately is one each
-(Composer's copies, one dict of copies per batch). A group counts as leaked when
+reached the same way) and the type of the cycle member nearest to it. Within a group the
+policy counts **copies dropped separately**, decided from what repeats and which way the
+references go, not from whether the garbage happens to be connected:
 
-* it left ``cycle_repeats`` (default 8) or more separate islands in one entry of the
-  check (a loop that drops a cycle per iteration), or
-* it also left cycle garbage in the previous (non-warm-up) entry of the same check (a
-  reused check around one step: ``@torchmem.leak_check()`` on ``train_step``).
+* each copy's cycle is traced *upwards* (``cycles.find_cycle_holders``): to the topmost
+  cycles of the garbage that reach it, those no other garbage refers to;
+* copies that share such a top were dropped together: a ``BootStrapper`` of ten metric
+  copies (a ``Metric``, in a cycle itself) is one top above all its copies, so they count
+  once; a container in no cycle (a ``MetricTracker``, a ``ModuleList``, a plain list) is
+  freed by reference counting and leaves its copies with no common top: they count like a
+  loop's, from ``cycle_repeats`` on;
+* copies with no common top were dropped one by one: ten copies left by a loop are ten,
+  even though every copy refers to the same class, module, function or shared default,
+  and even when that class is garbage too (a script's own class once ``run`` releases the
+  script's globals, a class defined inside a test). Those shared objects are *below* every
+  copy: references go from the copy to them, so they join nothing.
+
+A group counts as leaked when it left ``cycle_repeats`` (default 8) or more separate copies
+in one entry of the check: a loop that drops a cycle per iteration. Each entry is judged on
+its own: a reused check (``@torchmem.leak_check()`` on ``evaluate()``) collects at every
+exit, so one cycle per call (a metric built by each call) never piles up, and it is not a
+leak on the second call any more than on the first.
 
 Other cycle-held blocks are reported, with a note saying why they were not counted.
 ``cycles="always"`` counts every cycle-held block (the strict reading), and
@@ -27,13 +39,11 @@ Other cycle-held blocks are reported, with a note saying why they were not count
 
 Why 8 and not 2. Within one entry only the count can tell a loop that drops a new cycle
 every step from code that builds several objects of one kind, each in a cycle of its own,
-in a container that is not itself in a cycle, and drops them together when it returns
-(a ``MetricTracker`` after five ``increment()`` calls, a ``MetricCollection`` of three
-metrics of one class): both leave separate islands from one stack at the end. When they
-became garbage is what differs, and a collection at the end cannot see that. A training
-loop runs far more than 8 steps; a test rarely builds 8 objects of one kind from one
-line. A reused check (one entry per step) needs no count: a cycle the previous entry
-left too is counted at once.
+in a container that is not itself in a cycle (a plain list freed by reference counting),
+and drops them together when it returns: both leave separate copies from one stack at the
+end. When they became garbage is what differs, and a collection at the end cannot see
+that. A training loop runs far more than 8 steps; a test rarely builds 8 objects of one
+kind from one line.
 
 Without stack capture every block has the same (empty) stack, so groups are by holder
 type alone.
@@ -58,7 +68,7 @@ DEFAULT_REPEATS = 8
 # What the options mean, for error messages and help texts.
 POLICY_HELP = (
     "'repeating' (default: cycle garbage counts when one allocation stack and holder type "
-    "leave cycle_repeats cycles in one entry, or cycles in consecutive entries), 'always' "
+    "leave cycle_repeats separately dropped cycles in one entry), 'always' "
     "(every cycle-held block counts) or 'never' (cycles are reported, never counted)"
 )
 
@@ -93,23 +103,43 @@ class CycleVerdict:
     note: str
 
 
-def judge(
-    held: list[tuple[int, tuple, int]], *, policy: str, repeats: int, previous: frozenset
-) -> tuple[dict[int, CycleVerdict], frozenset]:
-    """Verdicts for cycle-held blocks.
+def _separate_copies(held_by: list[frozenset]) -> int:
+    """How many of the holders share no top with another (union-find over their tops)."""
+    parent: dict = {}
 
-    ``held`` lists ``(index, key, island)``: the finding's index, its group key
-    ``(context id, holder type)`` and the id of the garbage island that held it. ``previous``: the
-    keys the check's previous entry left. Returns ``{index: CycleVerdict}`` and the keys
-    of this entry (the ``previous`` of the next).
+    def root(item):
+        while parent[item] != item:
+            parent[item] = parent[parent[item]]
+            item = parent[item]
+        return item
+
+    for tops in held_by:
+        items = list(tops)
+        for item in items:
+            parent.setdefault(item, item)
+        for item in items[1:]:
+            a, b = root(items[0]), root(item)
+            if a != b:
+                parent[a] = b
+    return len({root(item) for item in parent})
+
+
+def judge(held: list[tuple[int, tuple, frozenset]], *, policy: str, repeats: int) -> dict[int, CycleVerdict]:
+    """Verdicts for the cycle-held blocks of one entry.
+
+    ``held`` lists ``(index, key, tops)``: the finding's index, its group key
+    ``(context id, holder type)`` and the topmost garbage cycles above the cycle that held
+    it (``CycleHolder.dropped_with``; a unique token when the holder is unknown). Returns
+    ``{index: CycleVerdict}``.
     """
-    cycles: dict[tuple, set] = defaultdict(set)
-    for _, key, cycle_id in held:
-        cycles[key].add(cycle_id)
+    tops_by_key: dict[tuple, dict] = defaultdict(dict)
+    for _, key, tops in held:
+        tops_by_key[key][tops] = None
+    copies = {key: _separate_copies(list(tops)) for key, tops in tops_by_key.items()}
     verdicts = {}
     for index, key, _ in held:
         holder = key[1] or "an unknown object"
-        count = len(cycles[key])
+        count = copies[key]
         if policy == ALWAYS:
             verdicts[index] = CycleVerdict(True, "counted: cycles='always' counts every cycle-held block")
         elif policy == NEVER:
@@ -117,22 +147,15 @@ def judge(
         elif count >= repeats:
             verdicts[index] = CycleVerdict(
                 True,
-                f"counted: {count} separate cycles held by {holder}, not connected to each other, were left by "
-                f"this allocation stack in this entry (cycles='repeating' counts {repeats} or more: garbage that "
-                "piles up until gc runs)",
-            )
-        elif key in previous:
-            verdicts[index] = CycleVerdict(
-                True,
-                f"counted: this allocation stack also left a cycle held by {holder} in the previous entry of "
-                "this check (cycles='repeating': garbage that piles up step after step)",
+                f"counted: {count} separate cycles held by {holder}, each dropped on its own, were left by this "
+                f"allocation stack in this entry (cycles='repeating' counts {repeats} or more: garbage that piles "
+                "up until gc runs)",
             )
         else:
             verdicts[index] = CycleVerdict(
                 False,
                 f"not counted: {count} separate cycle{'s' if count != 1 else ''} held by {holder} from this "
                 f"allocation stack (an object that lives in a reference cycle; cycles='repeating' counts {repeats} "
-                "or more separate ones from one stack and holder type, or one in consecutive entries of a reused "
-                "check)",
+                "or more separately dropped ones from one stack and holder type)",
             )
-    return verdicts, frozenset(cycles)
+    return verdicts

@@ -25,9 +25,13 @@ class CycleHolder:
 
     ``holder_type`` is that member's type name; ``cycle_id`` tells cycles apart within one
     collection (blocks held by the same strongly connected component share it) and
-    ``island_id`` tells apart garbage that is not connected at all (a wrapper holding ten
-    metric copies, each in its own cycle, is one island; ten copies dropped one by one in
-    a loop are ten): the cycle policy counts islands per allocation stack and holder type.
+    ``dropped_with`` names the garbage that was dropped together with it: the topmost cycles
+    of the garbage (those no other garbage refers to) from which the holder's cycle is
+    reached. A wrapper holding ten metric copies, each in its own cycle, is the one top of
+    all ten; ten copies dropped one by one in a loop are each their own top, even though each
+    refers to the same class, function or shared default (those are *below* every copy, so
+    they join nothing). The cycle policy counts copies that share no top, per allocation
+    stack and holder type (``cycle_policy``).
     """
 
     owner: Owner
@@ -35,27 +39,48 @@ class CycleHolder:
     cycle: str
     holder_type: str = ""
     cycle_id: int = 0
-    island_id: int = 0
+    dropped_with: frozenset = frozenset()
 
 # --- unreachable cycles ----------------------------------------------------------------
 
 
-def _islands(nodes: list[int], edges: dict[int, list[int]]) -> dict[int, int]:
-    """Node -> weakly connected component (union-find over the edges, directions ignored)."""
-    parent = {node: node for node in nodes}
+def _tops_above(holders: set[int], forward: dict[int, list[int]], component: dict[int, int]) -> dict[int, frozenset]:
+    """Component of each holder -> the top components above it: those reaching it (or it
+    itself) that no other component of the garbage refers to.
 
-    def root(node: int) -> int:
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    for node in nodes:
-        for successor in edges.get(node, ()):
-            a, b = root(node), root(successor)
-            if a != b:
-                parent[a] = b
-    return {node: root(node) for node in nodes}
+    Garbage was dropped together when one top reaches it all (a wrapper's cycle above the
+    cycles of its metric copies). Edges are followed upwards only: objects every copy
+    refers to (its class, a module, a function, a shared default) are below the copies and
+    never join them, whatever else refers to them.
+    """
+    above: dict[int, set[int]] = defaultdict(set)  # component -> components referring to it
+    for node, successors in forward.items():
+        source = component[node]
+        for successor in successors:
+            target = component[successor]
+            if target != source:
+                above[target].add(source)
+    tops: dict[int, frozenset] = {}
+    for holder in holders:
+        if holder in tops:
+            continue
+        seen = {holder}
+        pending = [holder]
+        found = set()
+        while pending:
+            current = pending.pop()
+            parents = above.get(current)
+            if not parents:
+                found.add(current)
+                continue
+            for parent in parents:
+                if parent in tops:  # another holder above this one: its tops are known
+                    found |= tops[parent]
+                elif parent not in seen:
+                    seen.add(parent)
+                    pending.append(parent)
+        tops[holder] = frozenset(found)
+    return tops
 
 
 def _strongly_connected(nodes: list[int], edges: dict[int, list[int]]) -> dict[int, int]:
@@ -129,7 +154,6 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
     # materializes dicts that are not in the garbage and would cut the edges through them.
     starts = _lift_outside_starts(starts, garbage, by_id)
     component = _strongly_connected(list(by_id), forward)
-    island = _islands(list(by_id), forward)
     sizes: dict[int, int] = defaultdict(int)
     for root in component.values():
         sizes[root] += 1
@@ -150,8 +174,9 @@ def find_cycle_holders(blocks: Iterable[tuple], garbage: list) -> dict:
     for key, entries in starts.items():
         holder = _nearest_cycle(entries, by_id, backward, component, on_cycle, describe)
         if holder is not None:
-            holders[key] = replace(holder, island_id=island[holder.cycle_id])
-    return holders
+            holders[key] = holder
+    tops = _tops_above({holder.cycle_id for holder in holders.values()}, forward, component)
+    return {key: replace(holder, dropped_with=tops[holder.cycle_id]) for key, holder in holders.items()}
 
 
 def _lift_outside_starts(starts: dict, garbage: list, by_id: dict) -> dict:

@@ -1,14 +1,22 @@
-"""``torchmem.GrowthMonitor``: memory that grows on every iteration of a loop.
+"""``torchmem.GrowthMonitor``: memory that keeps growing across the iterations of a loop.
 
 A leak check needs a region that should end clean; a training loop never does (its
 caches, optimizer state, logged history). What gives a slow leak away in a loop is live
-memory that rises on *every* step once warm-up is over::
+memory that keeps rising once warm-up is over, even when it does not rise on every step
+(something kept every N steps, a cache that misses sometimes, noise from temporaries)::
 
     monitor = torchmem.GrowthMonitor(warmup=2)
     for batch in loader:
         train_step(batch)
         monitor.step()
     print(monitor.report().render())
+
+The verdict comes from the trend over all the steps after warm-up, not step by step
+(``torchmem.leaks.growth_trend``): net growth of several allocations, a least-squares
+slope beyond noise, a rising floor, and still rising over the last third of the steps. A
+cache that fills and then stays flat, an optimizer creating its state, memory that rises
+and falls back are not growth; the report shows each decision's slope, net bytes and
+rising steps, and for the largest quiet series why they are not growth.
 
 Each ``step()`` samples live bytes per tag (``torchmem.tag``; ``untagged`` for the rest)
 and per allocation site: live blocks grouped by the line that allocated them (the
@@ -25,134 +33,25 @@ a fraction of a microsecond per allocation (see ``torchmem.stacks.capture``).
 
 from __future__ import annotations
 
-import collections
-
-import json
-from dataclasses import dataclass, field
-
 from torchmem.runtime import devices as _devices
-from torchmem.leaks import owners as _owners
+from torchmem.runtime import install as _install
+from torchmem.leaks.growth_report import KINDS, Growth, GrowthReport
+from torchmem.leaks.growth_trend import Series, judge
+from torchmem.leaks.tensors import device_key
+from torchmem.reports import categories as _categories
 from torchmem.stacks import capture as stack_capture
 from torchmem.stacks import frames as stack_frames
-from torchmem._support.units import format_bytes
-from torchmem._support.files import short_path, source_line
+from torchmem._support.files import short_path
 from torchmem.stacks.frames import allocation_site
 
 __all__ = ["GrowthMonitor", "GrowthReport", "Growth"]
 
-
-@dataclass(frozen=True)
-class Growth:
-    """One tag or allocation site whose live bytes rose on every step after warm-up.
-
-    ``kind`` is ``"tag"`` or ``"site"``; ``name`` is the tag, or ``file:line`` of the site
-    (``frame`` is its ``Frame``). ``series`` holds live bytes at the end of warm-up and
-    after each later step.
-    """
-
-    kind: str
-    device: str
-    name: str
-    bytes_per_step: float
-    total_bytes: int
-    steps: int
-    series: tuple
-    frame: object = None
-
-    def to_dict(self) -> dict:
-        """Plain data for JSON."""
-        frame = self.frame
-        return {
-            "kind": self.kind,
-            "device": self.device,
-            "name": self.name,
-            "bytes_per_step": self.bytes_per_step,
-            "total_bytes": self.total_bytes,
-            "steps": self.steps,
-            "series": list(self.series),
-            "frame": None if frame is None else {"filename": frame.filename, "line": frame.line, "name": frame.name},
-        }
-
-
-@dataclass
-class GrowthReport:
-    """What a ``GrowthMonitor`` saw: the tags and sites that grew on every step after warm-up."""
-
-    steps: int
-    warmup: int
-    min_steps: int
-    measured_steps: int = 0
-    growing: list = field(default_factory=list)
-
-    @property
-    def has_growth(self) -> bool:
-        """True if any tag or site grew on every measured step."""
-        return bool(self.growing)
-
-    @property
-    def tags(self) -> list[Growth]:
-        """The growing tags, largest growth first."""
-        return [growth for growth in self.growing if growth.kind == "tag"]
-
-    @property
-    def sites(self) -> list[Growth]:
-        """The growing allocation sites, largest growth first."""
-        return [growth for growth in self.growing if growth.kind == "site"]
-
-    def to_dict(self) -> dict:
-        """Plain data: step counts and every growing tag and site."""
-        return {
-            "steps": self.steps,
-            "warmup": self.warmup,
-            "min_steps": self.min_steps,
-            "measured_steps": self.measured_steps,
-            "growing": [growth.to_dict() for growth in self.growing],
-        }
-
-    def to_json(self, **kwargs) -> str:
-        """``to_dict()`` as JSON (keyword arguments go to ``json.dumps``; indent 2 by default)."""
-        kwargs.setdefault("indent", 2)
-        return json.dumps(self.to_dict(), **kwargs)
-
-    def render(self) -> str:
-        """The report as text, largest growth first."""
-        measured = self.measured_steps
-        if measured < self.min_steps:
-            return (
-                f"torchmem.GrowthMonitor: {self.steps} step(s) seen, {self.warmup} of them warm-up; "
-                f"at least {self.min_steps} measured steps are needed to judge growth"
-            )
-        if not self.growing:
-            return (
-                f"torchmem.GrowthMonitor: no growth: no tag or allocation site grew on every one of the "
-                f"{measured} steps after {self.warmup} warm-up step(s)"
-            )
-        lines = [
-            f"torchmem.GrowthMonitor: live memory grew on every one of the {measured} steps after "
-            f"{self.warmup} warm-up step(s)"
-        ]
-        for kind, title in (("tag", "per tag"), ("site", "per allocation site")):
-            entries = sorted((g for g in self.growing if g.kind == kind), key=lambda g: -g.total_bytes)
-            if not entries:
-                continue
-            lines.append(f"  {title}")
-            for growth in entries:
-                rate = f"+{format_bytes(round(growth.bytes_per_step))}/step"
-                total = f"(+{format_bytes(growth.total_bytes)} over {growth.steps} steps)"
-                if kind == "tag":
-                    what = f"tag={growth.name}"
-                else:
-                    code = source_line(growth.frame.filename, growth.frame.line) if growth.frame else ""
-                    what = f"{growth.name}  {code}".rstrip()
-                lines.append(f"    {rate:<16}{total:<28}{growth.device}  {what}")
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.render()
+_MAX_CONSIDERED = 5  # quiet series a report shows with why they are not growth
 
 
 class GrowthMonitor:
-    """Samples live bytes per tag and per allocation site once per loop iteration.
+    """Samples live bytes per tag, per allocation site and (while ``torchmem.track`` is on)
+    per category once per loop iteration; ``report()`` judges each series' trend.
 
     Args:
         warmup: steps whose growth is expected (first batches build caches, optimizer
@@ -179,15 +78,18 @@ class GrowthMonitor:
         names = _devices.default_devices() if devices is None else (
             [devices] if isinstance(devices, (str, int)) or not hasattr(devices, "__iter__") else list(devices)
         )
-        self.devices = [_owners.device_key(_devices.normalize(name)) for name in names]
+        self.devices = [device_key(_devices.normalize(name)) for name in names]
         self.steps = 0
-        # key -> _Trend of its live bytes; key is ("tag", device, tag) or ("site", device, Frame)
-        self._trends: dict[tuple, _Trend] = {}
+        # key -> Series of its live bytes from the baseline on; key is ("tag", device, tag),
+        # ("category", device, category) or ("site", device, Frame)
+        self._trends: dict[tuple, Series] = {}
+        self._site_category: dict[tuple, str] = {}  # site key -> its main category at the latest sample
         self._samples = 0
         self._site_of_context: dict[int, object] = {}
         self._capture = None
         self._started = False
         self._sampled_at_start = False  # a sample before the first step (start() called first)
+        self._unseen: set[str] = set()  # devices torchmem did not serve at some sample
 
     # --- lifetime ---------------------------------------------------------------------
     def start(self) -> "GrowthMonitor":
@@ -231,27 +133,52 @@ class GrowthMonitor:
         self._sample()
 
     def _sample(self) -> None:
+        # Sample k is taken after step k (sample 0 before the first step, when start() was
+        # called); growth is judged from the sample at the end of warm-up (the baseline) on,
+        # so earlier samples cost nothing.
+        baseline = self._baseline()
+        sample, self._samples = self._samples, self._samples + 1
+        if sample < baseline:
+            return
         values: dict[tuple, int] = {}
+        site_categories: dict[tuple, dict[str, int]] = {}
+        # Categories only while torchmem.track names a model or an optimizer: {(device, data pointer): ...}.
+        storages = _categories.classify_storages() if self.by_site and _categories.is_tracking() else None
         for device in self.devices:
+            if not _install.is_installed(device):
+                self._unseen.add(device)
+                continue
             engine = _devices.engine(device)
             for row in engine.tag_stats():
                 values[("tag", device, row["tag"])] = row["current_bytes"]
             if self.by_site:
-                for block in engine.allocated_blocks():
-                    site = self._site(block["context"])
-                    if site is not None:
-                        key = ("site", device, site)
-                        values[key] = values.get(key, 0) + block["size"]
-        # Sample k is taken after step k (sample 0 before the first step, when start() was
-        # called); the baseline is the sample at the end of warm-up. A key missing from a
-        # sample has 0 live bytes then.
-        baseline = self._baseline()
+                self._sample_blocks(engine, device, storages, values, site_categories)
         for key, value in values.items():
             if key not in self._trends:
-                self._trends[key] = _Trend.appearing_at(self._samples, baseline)
-        for key, trend in self._trends.items():
-            trend.add(self._samples, baseline, values.get(key, 0))
-        self._samples += 1
+                # First seen now: it had no live bytes at the samples since the baseline.
+                self._trends[key] = series = Series()
+                series.pad(sample - baseline)
+        for key, series in self._trends.items():
+            series.add(values.get(key, 0))
+        for key, by_category in site_categories.items():
+            self._site_category[key] = max(by_category, key=by_category.get)
+
+    def _sample_blocks(self, engine, device: str, storages: dict | None, values: dict, site_categories: dict) -> None:
+        """Live bytes per allocation site and, with ``storages`` (while tracking), per
+        category (parameters, gradients, optimizer state, activations, other)."""
+        for block in engine.allocated_blocks():
+            category = None
+            if storages is not None:
+                category = storages.get((device, block["address"]), (_categories.OTHER,))[0]
+                key = ("category", device, category)
+                values[key] = values.get(key, 0) + block["size"]
+            site = self._site(block["context"])
+            if site is not None:
+                key = ("site", device, site)
+                values[key] = values.get(key, 0) + block["size"]
+                if category is not None:
+                    tally = site_categories.setdefault(key, {})
+                    tally[category] = tally.get(category, 0) + block["size"]
 
     def _baseline(self) -> int:
         return self.warmup if self._sampled_at_start else max(self.warmup - 1, 0)
@@ -266,73 +193,41 @@ class GrowthMonitor:
 
     # --- judging ----------------------------------------------------------------------
     def report(self) -> GrowthReport:
-        """Tags and sites whose live bytes rose on every step after warm-up (needs at
-        least ``min_steps`` such steps)."""
-        baseline = self._baseline()
-        measured = max(self._samples - baseline - 1, 0)
+        """Tags, categories and sites whose live bytes grew over the steps after warm-up (see
+        ``torchmem.leaks.growth_trend`` for the rule), judged once at least ``min_steps``
+        steps are measured; with the largest quiet ones that rose, each saying why not."""
+        measured = max(self._samples - self._baseline() - 1, 0)
         report = GrowthReport(
-            steps=self.steps, warmup=self.warmup, min_steps=self.min_steps, measured_steps=measured
+            steps=self.steps, warmup=self.warmup, min_steps=self.min_steps, measured_steps=measured,
+            unseen_devices=[device for device in self.devices if device in self._unseen], devices=list(self.devices),
         )
         if measured < self.min_steps:
             return report
-        for (kind, device, what), trend in self._trends.items():
-            if not trend.rising or trend.points < 2:
+        considered = []
+        for key, series in self._trends.items():
+            if series.steps < 1 or series.last <= series.first:
                 continue
-            total = trend.last - trend.first
-            if kind == "tag":
-                name, frame = what, None
-            else:
-                name, frame = f"{short_path(what.filename)}:{what.line}", what
-            report.growing.append(
-                Growth(
-                    kind=kind, device=device, name=name, bytes_per_step=total / (trend.points - 1),
-                    total_bytes=total, steps=trend.points - 1, series=tuple(trend.recent), frame=frame,
-                )
-            )
-        report.growing.sort(key=lambda growth: (growth.kind != "tag", -growth.total_bytes))
+            verdict = judge(series)
+            growth = self._growth(key, series, verdict)
+            (report.growing if verdict.growing else considered).append(growth)
+        order = {kind: index for index, (kind, _, _) in enumerate(KINDS)}
+        report.growing.sort(key=lambda growth: (order[growth.kind], -growth.total_bytes))
+        considered.sort(key=lambda growth: -growth.total_bytes)
+        report.considered = considered[:_MAX_CONSIDERED]
         return report
+
+    def _growth(self, key: tuple, series: Series, verdict) -> Growth:
+        kind, device, what = key
+        if kind == "site":
+            name, frame = f"{short_path(what.filename)}:{what.line}", what
+        else:
+            name, frame = what, None
+        return Growth(
+            kind=kind, device=device, name=name, bytes_per_step=verdict.slope, total_bytes=verdict.net_bytes,
+            steps=verdict.steps, series=tuple(series.recent), frame=frame, rising_steps=verdict.rising_steps,
+            slope_error=verdict.slope_error, allocation=verdict.allocation, reason=verdict.reason,
+            category=self._site_category.get(key), growing=verdict.growing,
+        )
 
 
 _UNKNOWN = object()
-
-
-class _Trend:
-    """What the monitor keeps of one key's live bytes: enough to judge "rose on every
-    step after warm-up" in O(1) memory however long the loop runs.
-
-    ``first`` is the value at the baseline sample, ``last`` the latest, ``points`` the
-    samples since the baseline (inclusive), ``rising`` whether each was above the one
-    before, and ``recent`` the last ``RECENT`` values for reports.
-    """
-
-    RECENT = 64
-
-    def __init__(self) -> None:
-        self.first = 0
-        self.last = 0
-        self.points = 0
-        self.rising = True
-        self.recent: collections.deque[int] = collections.deque(maxlen=self.RECENT)
-
-    @classmethod
-    def appearing_at(cls, sample: int, baseline: int) -> "_Trend":
-        """A key first seen at ``sample``: it had 0 bytes at every earlier sample, so it
-        rose on every step only if the baseline sample was the one just before."""
-        trend = cls()
-        zeros = sample - baseline  # samples from the baseline on at which it had 0 bytes
-        if zeros > 0:
-            trend.points = zeros
-            trend.rising = zeros == 1
-            trend.recent.extend([0] * min(zeros, cls.RECENT))
-        return trend
-
-    def add(self, sample: int, baseline: int, value: int) -> None:
-        if sample < baseline:
-            return
-        if self.points == 0:
-            self.first = value
-        elif value <= self.last:
-            self.rising = False
-        self.last = value
-        self.points += 1
-        self.recent.append(value)

@@ -8,6 +8,7 @@ Python expression a user would type, e.g. ``trainer.state.eval_metrics['acc'].tp
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import types
 from collections import deque
@@ -58,8 +59,13 @@ _GENERATOR_FRAMES = (
 def edge_labels(parent, child) -> list[tuple]:
     """How ``parent`` refers to ``child``, as labels ``render_path`` turns into Python:
     ``("item", key)``, ``("index", i)``, ``("attr", name)``, ``("dictof",)`` (the
-    parent's ``__dict__``), ``("local", name)``, ``("key",)``, ``("member",)``, or
-    ``("via", child type)`` when the reference is internal to C code."""
+    parent's ``__dict__``), ``("local", name)``, ``("key",)``, ``("member",)``, ``("call",
+    arguments)`` (a result an ``lru_cache`` keeps), or ``("via", child type)`` when the
+    reference is internal to C code."""
+    if _LRU_CACHE_WRAPPER is not None and isinstance(parent, _LRU_CACHE_WRAPPER):
+        labels = _lru_cache_labels(parent, child)
+        if labels:
+            return labels
     if isinstance(parent, dict):
         for key, value in dict.items(parent):
             if value is child:
@@ -99,6 +105,72 @@ def edge_labels(parent, child) -> list[tuple]:
             continue
     labels = _instance_labels(parent, child)
     return labels if labels else [("via", type(child).__qualname__)]
+
+
+# --- functools.lru_cache / functools.cache ------------------------------------------------
+# The wrapper keeps its results in C: an unbounded cache in a dict {key: result} the wrapper
+# refers to, a bounded one in links (key, result) that its traversal visits in turn. A kept
+# result is named as the call that made it: ``module.load(300)``.
+
+_LRU_CACHE_WRAPPER = getattr(functools, "_lru_cache_wrapper", None)
+_LRU_CACHE_WRAPPER = _LRU_CACHE_WRAPPER if isinstance(_LRU_CACHE_WRAPPER, type) else None
+
+
+def _lru_cache_labels(wrapper, child) -> list[tuple]:
+    try:
+        own = object.__getattribute__(wrapper, "__dict__")
+    except AttributeError:
+        own = None
+    referents = gc.get_referents(wrapper)
+    caches = [item for item in referents if type(item) is dict and item is not own]
+    if len(caches) != 1:
+        return []
+    (cache,) = caches
+    typed = bool(getattr(wrapper, "cache_parameters", dict)().get("typed", False))
+    if child is cache:
+        return [("cache", typed)]
+    link_types = {type(value) for value in list(cache.values())[:1]}
+    for position, item in enumerate(referents):
+        if item is not child or position == 0:
+            continue
+        key = referents[position - 1]
+        if type(key) in link_types and position >= 2:
+            key = referents[position - 2]
+        try:
+            if key in cache:
+                return [("call", call_arguments(key, typed))]
+        except TypeError:  # an unhashable neighbour: not a key
+            continue
+    return []
+
+
+def call_arguments(key, typed: bool = False) -> str:
+    """The arguments of the call an ``lru_cache`` key stands for, as Python: ``300``,
+    ``301, scale=2.0`` (positional arguments, then ``name=value``; ``typed`` caches add the
+    arguments' types at the end, which are left out)."""
+    if not isinstance(key, (tuple, list)):
+        return _argument(key)  # one int or str argument is its own key
+    parts = list(key)
+    mark = next((index for index, part in enumerate(parts) if type(part) is object), None)
+    if mark is None:
+        positional, keywords = parts, []
+        if typed:
+            positional = positional[:len(positional) // 2]
+    else:
+        positional, keywords = parts[:mark], parts[mark + 1:]
+        if typed:
+            count = (len(keywords) - len(positional)) // 3
+            keywords = keywords[:2 * count]
+    texts = [_argument(value) for value in positional]
+    texts += [f"{keywords[index]}={_argument(keywords[index + 1])}" for index in range(0, len(keywords) - 1, 2)]
+    return ", ".join(texts)
+
+
+def _argument(value) -> str:
+    if isinstance(value, (str, int, float, bool, bytes, type(None))):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"<{type(value).__qualname__}>"
 
 
 def _is_ndarray(obj) -> bool:
@@ -190,6 +262,9 @@ def _normalize(labels: list[tuple]) -> list[tuple]:
         if label[0] == "caller":
             out.append(("callers", 1, label[1]))
             continue
+        if label[0] == "item" and out and out[-1][0] == "cache":  # an unbounded lru_cache's dict
+            out[-1] = ("call", call_arguments(label[1], out[-1][1]))
+            continue
         if label[0] == "item" and out and isinstance(label[1], str):
             previous = out[-1]
             if previous[0] == "dictof" and label[1].isidentifier():
@@ -222,6 +297,10 @@ def render_path(base: str, labels: Iterable[tuple]) -> str:
             out += f"[{label[1]}]"
         elif kind == "local":
             out += f":{label[1]}"
+        elif kind == "call":
+            out += f"({label[1]})"
+        elif kind == "cache":  # the cache dict itself, nothing below it
+            out += ".<cache>"
         elif kind == "key":
             out += ".<key>"
         elif kind == "member":

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from torchmem._support.files import short_path, source_line
 from torchmem._support.units import format_bytes
 from torchmem.leaks.owners import Owner
-from torchmem.leaks.report import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, REACHABLE, Finding, LeakReport
+from torchmem.leaks.kinds import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, REACHABLE
 from torchmem.runtime.tags import UNTAGGED
 from torchmem.stacks.frames import folds_runner_frames, is_library, is_marker, is_users_own
+
+if TYPE_CHECKING:  # annotations only: the report module imports this one to render itself
+    from torchmem.leaks.report import Finding, LeakReport
 
 _STACK_LINES = 4  # frames shown under "allocated at", from the allocation site outward
 
@@ -37,6 +40,9 @@ def _summary(report: LeakReport) -> str:
     if uncounted:
         others.append(f"cycle garbage not counted {_amount(uncounted)} (cycles={report.cycle_policy})")
     others += [f"{kind} {_amount(report.of_kind(kind))}" for kind in (PENDING, ALLOWED) if report.of_kind(kind)]
+    if not leaked and report.unseen:
+        # Never "no leaks" about memory the check could not see.
+        return f"torchmem.leak_check: not checked: {report.unseen}" + (f"; also {', '.join(others)}" if others else "")
     if not leaked:
         head = "torchmem.leak_check: no leaks"
         if report.warmup:
@@ -50,6 +56,8 @@ def _summary(report: LeakReport) -> str:
     )
     if report.max_leaked_bytes:
         head += f"; limit {format_bytes(report.max_leaked_bytes)}"
+    if report.unseen:
+        others.insert(0, f"not checked: {report.unseen}")
     return head + (f"; also {', '.join(others)}" if others else "")
 
 

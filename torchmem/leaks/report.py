@@ -5,15 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from torchmem.leaks.kinds import ALLOWED, CYCLE, KINDS, LEAKED_KINDS, PENDING, REACHABLE
+from torchmem.leaks.render import render_lines
 from torchmem.stacks.frames import allocation_site
 
-# Kinds, in the order a report lists them. Only the first two count as leaked.
-REACHABLE = "reachable"
-CYCLE = "cycle"
-PENDING = "pending"
-ALLOWED = "allowed"
-KINDS = (REACHABLE, CYCLE, PENDING, ALLOWED)
-LEAKED_KINDS = (REACHABLE, CYCLE)
+__all__ = ["Finding", "LeakReport", "LeakError", "REACHABLE", "CYCLE", "PENDING", "ALLOWED", "KINDS", "LEAKED_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +89,7 @@ class LeakReport:
     owner_search_stopped_early: bool = False
     aborted: str | None = None
     cycle_policy: str = "repeating"
+    unseen: str | None = None  # memory allocated inside that the check could not see, and why
     analysis_seconds: float = 0.0  # wall time of the exit's analysis (collections, owner search)
     analysis_cpu_seconds: float = 0.0  # the analysing thread's CPU time (less sensitive to load)
 
@@ -168,6 +165,7 @@ class LeakReport:
             "gc_collected": self.gc_collected,
             "owner_search_stopped_early": self.owner_search_stopped_early,
             "cycle_policy": self.cycle_policy,
+            "unseen": self.unseen,
             "analysis_seconds": self.analysis_seconds,
             "analysis_cpu_seconds": self.analysis_cpu_seconds,
             "max_leaked_bytes": self.max_leaked_bytes,
@@ -184,8 +182,6 @@ class LeakReport:
     def render(self, max_groups: int = 20) -> str:
         """The report as text: a summary line, then findings grouped by kind, device, tag
         and allocation site (largest first), each with holders and the allocation stack."""
-        from torchmem.leaks.render import render_lines  # rendering needs the types above
-
         return "\n".join(render_lines(self, max_groups))
 
     def __str__(self) -> str:

@@ -77,8 +77,22 @@ CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, OTHER)
 StorageKey = tuple
 
 
+_Parameter = torch.nn.Parameter
+_CUDA_NAMES = [f"cuda:{index}" for index in range(64)]
+
+
 def _device_name(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
+
+
+def _tensor_device_name(tensor) -> str:
+    # On every saved tensor of a tracked forward: plain attributes, no torch.device object.
+    if tensor.is_cpu:
+        return "cpu"
+    if tensor.is_cuda:
+        index = tensor.get_device()
+        return _CUDA_NAMES[index] if index < len(_CUDA_NAMES) else f"cuda:{index}"
+    return _device_name(tensor.device)
 
 
 def _storage_of(tensor) -> tuple[StorageKey, int] | None:
@@ -88,7 +102,7 @@ def _storage_of(tensor) -> tuple[StorageKey, int] | None:
         pointer = storage.data_ptr()
         if not pointer:  # meta tensors, empty storages: no memory
             return None
-        return (_device_name(tensor.device), pointer), storage.nbytes()
+        return (_tensor_device_name(tensor), pointer), storage.nbytes()
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return None
 
@@ -123,7 +137,7 @@ class Tracking:
     context manager) removes every hook it added; the objects are held weakly, so tracking
     never keeps a model alive."""
 
-    def __init__(self, objects: Iterable, *, activations: bool):
+    def __init__(self, objects: Iterable, *, activations: bool, modules: bool = True):
         self._modules: list[tuple[weakref.ref, str]] = []
         self._optimizers: list[weakref.ref] = []
         self._handles: list = []
@@ -131,6 +145,9 @@ class Tracking:
         self._stack = _ModuleStack()
         self._depth = threading.local()
         self._activations = activations
+        # Submodules' hooks only name the module that saved an activation: without
+        # activations, or with modules=False, the root's hooks are all there is.
+        self._per_module = modules and activations
         self.notes: list[str] = []
         self._hook_contexts: list = []
         roots: dict[str, int] = defaultdict(int)
@@ -154,7 +171,7 @@ class Tracking:
 
     def _add_module(self, model: torch.nn.Module, root: str) -> None:
         self._modules.append((weakref.ref(model), root))
-        for name, module in model.named_modules():
+        for name, module in model.named_modules() if self._per_module else [("", model)]:
             label = f"{root}.{name}" if name else root
             self._handles.append(module.register_forward_pre_hook(self._entering(label, module is model)))
             self._handles.append(
@@ -210,6 +227,12 @@ class Tracking:
             context.__exit__(None, None, None)
 
     def _pack(self, tensor):
+        if isinstance(tensor, _Parameter) or isinstance(tensor._base, _Parameter):
+            # A weight saved for backward (a Linear saves its weight's transpose, a view)
+            # is not memory kept alive for backward: it is a parameter whether saved or not,
+            # and counts as one (the order of CATEGORIES). Not wrapping it halves the work
+            # of a Linear's forward.
+            return tensor
         found = _storage_of(tensor)
         if found is None:
             return tensor
@@ -294,17 +317,20 @@ _registry_lock = threading.Lock()
 _trackings: list[Tracking] = []
 
 
-def track(*objects, activations: bool = True) -> Tracking:
+def track(*objects, activations: bool = True, modules: bool = True) -> Tracking:
     """Splits memory by category (parameters, gradients, optimizer state, activations,
     other), per module, for the given models (``torch.nn.Module``) and optimizers.
 
     Returns a :class:`Tracking`; ``stop()`` it (or use ``with torchmem.track(...):``) to
     remove its hooks. ``activations=False`` leaves autograd's saved tensors alone (no
-    saved-tensor hooks): activations then count as ``other``. Several calls combine.
+    saved-tensor hooks): activations then count as ``other``. ``modules=False`` hooks the
+    models only, not each submodule: activations count under the model's name, and a
+    tracked forward costs a hook pair per model instead of per submodule (about 12 us a
+    Linear layer per step, ``benchmarks/track_cost.py``). Several calls combine.
     """
     if not objects:
         raise TypeError("torchmem.track: name at least one model (torch.nn.Module) or optimizer")
-    tracking = Tracking(objects, activations=activations)
+    tracking = Tracking(objects, activations=activations, modules=modules)
     with _registry_lock:
         _trackings.append(tracking)
     return tracking

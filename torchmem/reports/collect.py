@@ -53,11 +53,9 @@ class StackTable:
 def _runner_frame():
     """(function name, file) of ``torchmem run``'s frame that executes the script: stacks
     end there, as under ``python script.py``."""
-    try:
-        from torchmem.integrations import cli
-    except ImportError:  # pragma: no cover - cli is part of the package
-        return None
-    return "_execute", os.path.normcase(os.path.abspath(cli.__file__))
+    from torchmem.integrations.runner import target
+
+    return target.runner_frame()
 
 
 def trace_columns(engine, stacks: StackTable) -> dict:
@@ -200,7 +198,8 @@ def _rank() -> tuple[int | None, int | None]:
     return None, None
 
 
-def _leaks(report, stacks: StackTable) -> dict | None:
+def leaks_section(report) -> dict | None:
+    """The capture's ``leaks`` section for a ``LeakReport`` (``None``: no check ran)."""
     if report is None:
         return None
     data = report.to_dict()
@@ -256,7 +255,7 @@ def collect(*, leaks=None, oom_message: str | None = None, label: str | None = N
         "samples": _samples(list(per_device)),
         "modules": timeline.module_breakdowns(),
         "tracking": {"active": categories.is_tracking(), "notes": categories.tracking_notes()},
-        "leaks": _leaks(leaks, stacks),
+        "leaks": leaks_section(leaks),
         "stacks": stacks.table,
     }
     data["oom"] = _oom(per_device, oom_message)

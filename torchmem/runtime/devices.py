@@ -7,13 +7,13 @@ engine in ``torchmem._C`` that lives for the whole process.
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 from torchmem import _C
+from torchmem.runtime import install as _install
+from torchmem.runtime.install import DeviceLike
 
-DeviceLike = Union[str, torch.device, int, None]
+__all__ = ["DeviceLike", "normalize", "engine", "active_engines", "default_devices"]
 
 # Devices whose engines have been used in this process (CPU is always there).
 _cuda_devices_seen: set[int] = set()
@@ -62,7 +62,5 @@ def active_engines() -> list[tuple[str, object]]:
 
 def default_devices() -> list[str]:
     """Devices a report covers when the caller names none: every installed one."""
-    from torchmem.runtime import install as _install
-
     installed = _install.installed_devices()
     return installed or ["cpu"]

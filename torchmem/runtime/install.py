@@ -9,12 +9,16 @@ allocation about to fail runs ``gc.collect()`` once and retries.
 
 from __future__ import annotations
 
+from typing import Union
 
 import torch
 
 from torchmem._support.locks import ForkSafeLock
 from torchmem import _C
-from torchmem.runtime.devices import DeviceLike
+
+# How a user names a device (``torchmem.runtime.devices`` re-exports it; defined here so that
+# ``devices``, which asks this module what is installed, and this module do not import each other).
+DeviceLike = Union[str, torch.device, int, None]
 
 _lock = ForkSafeLock()
 _cuda_installed = False
@@ -48,6 +52,11 @@ def install(device: DeviceLike = "cuda") -> None:
             _install_cuda()
         _C.set_gc_retry(True)
     _import_api_modules()
+    from torchmem.reports import oom_report
+
+    # TORCHMEM_OOM_REPORT, and PyTorch's out-of-memory observer on a CUDA allocator
+    # installed after torchmem.oom_report() was called.
+    oom_report.after_install()
 
 
 def _import_api_modules() -> None:

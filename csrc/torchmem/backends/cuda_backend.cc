@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "torchmem/backends/cuda_address_registry.h"
+#include "torchmem/backends/cuda_streams.h"
 #include "torchmem/core/format.h"
 
 namespace torchmem {
@@ -98,6 +100,7 @@ absl::StatusOr<std::uintptr_t> CudaBackend::AllocateSegment(std::size_t size, St
   if (error != cudaSuccess) {
     return CudaError(error, absl::StrCat("cudaMalloc(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
   }
+  RegisterCudaAddressRange(reinterpret_cast<std::uintptr_t>(ptr), size, device_);
   return reinterpret_cast<std::uintptr_t>(ptr);
 }
 
@@ -105,6 +108,7 @@ absl::Status CudaBackend::ReleaseSegment(std::uintptr_t address, std::size_t siz
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
   const cudaError_t error = cudaFree(reinterpret_cast<void*>(address));
+  if (error == cudaSuccess) UnregisterCudaAddressRange(address);
   if (error != cudaSuccess) {
     return CudaError(error, absl::StrFormat("cudaFree(%#x, %s)", address,
                                             FormatBytes(static_cast<std::int64_t>(size))));
@@ -123,9 +127,11 @@ absl::StatusOr<CudaBackend::MemInfo> CudaBackend::GetMemInfo() {
 }
 
 absl::StatusOr<std::size_t> CudaBackend::Capacity() {
-  absl::StatusOr<MemInfo> info = GetMemInfo();
-  if (!info.ok()) return info.status();
-  return info->total_bytes;
+  // Properties, not cudaMemGetInfo: no device switch, no context.
+  cudaDeviceProp prop;
+  const cudaError_t error = cudaGetDeviceProperties(&prop, device_);
+  if (error != cudaSuccess) return CudaError(error, "cudaGetDeviceProperties");
+  return prop.totalGlobalMem;
 }
 
 absl::StatusOr<std::size_t> CudaBackend::FreeBytes() {
@@ -135,6 +141,24 @@ absl::StatusOr<std::size_t> CudaBackend::FreeBytes() {
 }
 
 absl::StatusOr<EventId> CudaBackend::RecordEvent(StreamId stream) {
+  if (const ForeignStream* foreign = AsForeignStream(stream)) {
+    // A stream of another device: the event must live on that device.
+    DeviceGuard guard(foreign->device);
+    if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+    cudaEvent_t event = nullptr;
+    if (const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        error != cudaSuccess) {
+      return CudaError(error, "cudaEventCreateWithFlags");
+    }
+    if (const cudaError_t error = cudaEventRecord(event, foreign->stream); error != cudaSuccess) {
+      (void)cudaEventDestroy(event);
+      return CudaError(error, absl::StrFormat("cudaEventRecord(stream %p of cuda:%d)",
+                                              static_cast<void*>(foreign->stream),
+                                              foreign->device));
+    }
+    foreign_events_.insert(event);
+    return reinterpret_cast<EventId>(event);
+  }
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
   cudaEvent_t event = nullptr;
@@ -169,7 +193,19 @@ absl::Status CudaBackend::SynchronizeEvent(EventId event) {
   return absl::OkStatus();
 }
 
-void CudaBackend::ReleaseEvent(EventId event) { spare_events_.push_back(AsEvent(event)); }
+void CudaBackend::ReleaseEvent(EventId event) {
+  if (foreign_events_.erase(AsEvent(event)) != 0) {
+    (void)cudaEventDestroy(AsEvent(event));
+    (void)cudaGetLastError();
+    return;
+  }
+  spare_events_.push_back(AsEvent(event));
+}
+
+void CudaBackend::AddPeer(int peer) {
+  if (peer < 0 || peer >= 64 || peer == device_) return;
+  peers_.fetch_or(std::uint64_t{1} << peer, std::memory_order_acq_rel);
+}
 
 // --- virtual memory (the driver's cuMem* calls) ------------------------------
 
@@ -203,8 +239,7 @@ absl::StatusOr<const CudaDriver*> CudaBackend::VmmDriver() {
   absl::StatusOr<const CudaDriver*> driver = GetCudaDriver();
   if (!driver.ok()) return driver.status();
   driver_ = *driver;
-  DeviceGuard guard(device_);
-  if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
+  // Device queries only: no device switch, so no context is created.
   CUdevice handle = 0;
   if (CUresult r = driver_->cuDeviceGet(&handle, device_); r != CUDA_SUCCESS) {
     return DriverError(r, "cuDeviceGet");
@@ -251,6 +286,7 @@ absl::StatusOr<std::uintptr_t> CudaBackend::ReserveAddressRange(std::size_t size
     return DriverError(
         r, absl::StrCat("cuMemAddressReserve(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
   }
+  RegisterCudaAddressRange(static_cast<std::uintptr_t>(address), size, device_);
   return static_cast<std::uintptr_t>(address);
 }
 
@@ -263,6 +299,7 @@ absl::Status CudaBackend::ReleaseAddressRange(std::uintptr_t address, std::size_
     return DriverError(r, absl::StrFormat("cuMemAddressFree(%#x, %s)", address,
                                           FormatBytes(static_cast<std::int64_t>(size))));
   }
+  UnregisterCudaAddressRange(address);
   return absl::OkStatus();
 }
 
@@ -310,11 +347,19 @@ absl::Status CudaBackend::SetAccess(std::uintptr_t address, std::size_t size) {
   if (!driver.ok()) return driver.status();
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device_;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (CUresult r = (*driver)->cuMemSetAccess(AsDevicePtr(address), size, &access, 1);
+  // This device and every peer (PyTorch's expandable segments do the same
+  // for the devices enablePeerAccess named).
+  CUmemAccessDesc access[64] = {};
+  std::size_t count = 0;
+  const std::uint64_t peers = peers_.load(std::memory_order_acquire) | (std::uint64_t{1} << device_);
+  for (int device = 0; device < 64; ++device) {
+    if ((peers & (std::uint64_t{1} << device)) == 0) continue;
+    access[count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[count].location.id = device;
+    access[count].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ++count;
+  }
+  if (CUresult r = (*driver)->cuMemSetAccess(AsDevicePtr(address), size, access, count);
       r != CUDA_SUCCESS) {
     return DriverError(r, absl::StrFormat("cuMemSetAccess(%#x, %s)", address,
                                           FormatBytes(static_cast<std::int64_t>(size))));

@@ -7,7 +7,16 @@
 //     does not see it.
 //   - Events: cudaEventDisableTiming events from a pool (creating events is
 //     expensive and serialises), recorded on the stream that used a block.
-//   - Capacity: cudaMemGetInfo's total, for limits given as a fraction.
+//   - Capacity: the device's totalGlobalMem (cudaGetDeviceProperties, which
+//     needs no context: sizing a device, for a memory fraction or a
+//     virtual-memory range, must not create a context on it, as a ~0.5 GiB
+//     context on every GPU of a node would cost each process). FreeBytes:
+//     cudaMemGetInfo (on the device, creating its context).
+//   - Streams of another device (cuda_streams.h) get an event created and
+//     recorded on their own device; such events are destroyed when released,
+//     not pooled.
+//   - Every segment and address range is registered with its device
+//     (cuda_address_registry.h) while the backend holds it.
 //   - A segment needed while its stream is being captured into a CUDA graph
 //     is obtained with the thread's capture mode relaxed for the cudaMalloc,
 //     as PyTorch's allocator does (cudaMallocMaybeCapturing): a captured
@@ -19,7 +28,9 @@
 //     the backend's device. Pages are the device's minimum allocation
 //     granularity (2 MiB on current GPUs), pinned device memory with no
 //     shareable handle (so VMM memory cannot be shared through CUDA IPC),
-//     read-write for this device only. Unmapping first waits for the stream
+//     read-write for this device and for the peers added with AddPeer
+//     (PyTorch's enablePeerAccess: a peer then reads and writes every page
+//     mapped before and after). Unmapping first waits for the stream
 //     that last used the pages (cudaStreamSynchronize), as PyTorch's
 //     expandable segments do: the driver does not. CUDA_ERROR_OUT_OF_MEMORY
 //     from cuMemCreate becomes ResourceExhausted.
@@ -30,8 +41,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "torchmem/backends/cuda_driver.h"
 #include "torchmem/core/backend.h"
@@ -64,6 +79,11 @@ class CudaBackend final : public Backend {
 
   int device() const { return device_; }
 
+  // Lets `peer` read and write the virtual-memory pages this backend maps
+  // from now on (the engine re-grants the pages already mapped:
+  // Engine::RefreshVirtualMemoryAccess). Thread-safe.
+  void AddPeer(int peer);
+
  private:
   struct MemInfo {
     std::size_t free_bytes;
@@ -83,6 +103,11 @@ class CudaBackend final : public Backend {
 
   const int device_;
   std::vector<cudaEvent_t> spare_events_;
+  // Events made for streams of other devices (destroyed, not pooled).
+  absl::flat_hash_set<cudaEvent_t> foreign_events_;
+  // Bit d: device d may access this backend's mapped pages (bit device_
+  // is implied). Devices are below 64 (torch_glue::kMaxCudaDevices).
+  std::atomic<std::uint64_t> peers_{0};
   // Set by the first successful VirtualMemoryPageSize (0 until then).
   const CudaDriver* driver_ = nullptr;
   std::size_t page_size_ = 0;

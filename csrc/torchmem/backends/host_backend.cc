@@ -30,11 +30,11 @@ absl::StatusOr<std::uintptr_t> HostBackend::AllocateSegment(std::size_t size, St
   (void)stream;
   const std::size_t capacity = options_.capacity_bytes;
   if (capacity != 0 && live_bytes_.load(std::memory_order_relaxed) + size > capacity) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "host backend capacity of %s reached (%s in use, %s more requested)",
-        FormatBytes(static_cast<std::int64_t>(capacity)),
-        FormatBytes(static_cast<std::int64_t>(live_bytes_.load())),
-        FormatBytes(static_cast<std::int64_t>(size))));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("host backend capacity of %s reached (%s in use, %s more requested)",
+                        FormatBytes(static_cast<std::int64_t>(capacity)),
+                        FormatBytes(static_cast<std::int64_t>(live_bytes_.load())),
+                        FormatBytes(static_cast<std::int64_t>(size))));
   }
   void* memory = nullptr;
   if (size >= options_.mmap_threshold) {
@@ -61,8 +61,8 @@ absl::Status HostBackend::ReleaseSegment(std::uintptr_t address, std::size_t siz
   void* memory = reinterpret_cast<void*>(address);
   if (size >= options_.mmap_threshold) {
     if (munmap(memory, size) != 0) {
-      return absl::InternalError(absl::StrFormat("munmap(%#x, %d) failed: %s", address, size,
-                                                 std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrFormat("munmap(%#x, %d) failed: %s", address, size, std::strerror(errno)));
     }
   } else {
     std::free(memory);

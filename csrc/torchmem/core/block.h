@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "torchmem/core/types.h"
@@ -57,8 +58,8 @@ struct Segment {
   std::size_t size = 0;
   PoolKind pool = PoolKind::kSmall;
   StreamId stream = 0;
-  Block* first = nullptr;        // block at `address`
-  FreeLists* lists = nullptr;    // free lists of (private pool, stream, pool kind)
+  Block* first = nullptr;               // block at `address`
+  FreeLists* lists = nullptr;           // free lists of (private pool, stream, pool kind)
   StreamLists* stream_lists = nullptr;  // the lists' owner (counts its segments)
   // The private pool whose blocks this segment holds; nullptr: the default
   // pool. A private pool's blocks are only ever handed to allocations routed
@@ -70,13 +71,25 @@ struct Segment {
   // Of the allocation that created it, until a block is split off it (then
   // kNoContext: see Engine::SplitBlock).
   ContextId context = kNoContext;
-  bool counted_oversize = false;   // in stats' oversize_segments
+  bool counted_oversize = false;  // in stats' oversize_segments
   // A virtual-memory range (see vmm_space.h) rather than a segment of
   // PyTorch's kind: `size` bytes of address space reserved once, covered by
   // blocks as any segment, of which only `mapped_pages` pages hold physical
   // memory (the pages that live blocks touch, and cached ones).
   bool vmm = false;
   std::int64_t mapped_pages = 0;
+};
+
+// The streams other than its segment's that used a block (record_stream),
+// kept apart from the Block: most blocks never get one, so the Block stays
+// small and a free only tests a pointer.
+struct StreamUses {
+  std::vector<StreamId> streams;
+  // The subset of `streams` recorded while a CUDA graph capture was
+  // underway: work captured on them replays later, so no event waits for it.
+  std::vector<StreamId> captured;
+  // Events of `streams` not yet completed after the block was freed.
+  int pending_events = 0;
 };
 
 struct Block {
@@ -87,41 +100,46 @@ struct Block {
   Block* next = nullptr;
   BlockState state = BlockState::kFree;
   FreeIndex index = FreeIndex::kNone;
+  bool counted_oversize = false;  // in stats' oversize_allocations
 
   // Metadata of the allocation (valid unless the block was never handed out).
-  std::size_t requested_size = 0;
   TagId tag = kNoTag;
+  std::size_t requested_size = 0;
   ScopeId scope = kNoScope;
   ContextId context = kNoContext;
   std::uint64_t sequence = 0;
 
-  // Streams other than the segment's that used the block (record_stream),
-  // and the number of their events not yet completed after a free.
-  std::vector<StreamId> stream_uses;
-  // The subset of stream_uses recorded while a CUDA graph capture was
-  // underway: work captured on them replays later, so no event waits for it.
-  std::vector<StreamId> capture_stream_uses;
-  int pending_events = 0;
-  bool counted_oversize = false;  // in stats' oversize_allocations
+  // Created by the first record_stream on another stream, dropped when the
+  // block becomes free again; nullptr for almost every block.
+  std::unique_ptr<StreamUses> uses;
   // Garbage collection age: the lookup count of its free lists when it was
   // cached (only kept while a collection threshold is set).
   std::uint64_t cached_at = 0;
+  // The segment's creation order (Segment::registration), copied so that
+  // keeping a free list in placement order reads no segment.
+  std::uint64_t registration = 0;
 
-  // Links of its size class's free list (FreeIndex::kClassList).
-  Block* cache_prev = nullptr;
-  Block* cache_next = nullptr;
-
-  // Leak-scope membership while allocated or pending.
+  // Links in the one list that holds the block, by state: while free and
+  // in a size class (FreeIndex::kClassList), its class's free list; while
+  // allocated or pending under a leak scope, its scope's list (scope_list).
+  // A block is never in both, so the two lists share the links.
+  Block* list_prev = nullptr;
+  Block* list_next = nullptr;
+  // Leak-scope membership while allocated or pending (nullptr otherwise).
   ScopeBlocks* scope_list = nullptr;
-  Block* scope_prev = nullptr;
-  Block* scope_next = nullptr;
 
   PoolKind pool() const { return segment->pool; }
   PrivatePool* owner() const { return segment->owner; }
   StreamId stream() const { return segment->stream; }
   // True unless the block spans its whole segment.
   bool IsSplit() const { return prev != nullptr || next != nullptr; }
+  bool HasStreamUses() const { return uses != nullptr && !uses->streams.empty(); }
+  int pending_events() const { return uses == nullptr ? 0 : uses->pending_events; }
 };
+
+// Two cache lines: the allocation and free paths touch one block's fields
+// all together, and a third line per block was a third cache miss.
+static_assert(sizeof(Block) <= 128, "Block must fit in two cache lines");
 
 }  // namespace torchmem
 

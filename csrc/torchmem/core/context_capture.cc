@@ -34,9 +34,13 @@ void SetContextCaptureHook(ContextCaptureFn hook) {
   internal::g_capture_hook.store(hook, std::memory_order_release);
 }
 
-void RequestContextCapture() { internal::g_capture_requests.fetch_add(1, std::memory_order_relaxed); }
+void RequestContextCapture() {
+  internal::g_capture_requests.fetch_add(1, std::memory_order_relaxed);
+}
 
-void ReleaseContextCapture() { internal::g_capture_requests.fetch_sub(1, std::memory_order_relaxed); }
+void ReleaseContextCapture() {
+  internal::g_capture_requests.fetch_sub(1, std::memory_order_relaxed);
+}
 
 bool ContextCaptureRequested() {
   return internal::g_capture_requests.load(std::memory_order_relaxed) > 0;

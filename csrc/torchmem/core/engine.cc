@@ -52,8 +52,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
     MutexLock lock(&mutex_);
     policy_ = options.policy;
     policy_.Refresh();
-    stats_.max_split_size = policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size)
-                                                  : -1;
+    stats_.max_split_size =
+        policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size) : -1;
     memory_limit_ = options.memory_limit_bytes;
     gc_threshold_ = options.garbage_collection_threshold;
   }
@@ -137,8 +137,7 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
 }
 
 absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
-                                              const Attribution& attribution,
-                                              ContextId context) {
+                                              const Attribution& attribution, ContextId context) {
   if (ABSL_PREDICT_FALSE(outstanding_events_ > 0 || !deferred_until_no_capture_.empty())) {
     ProcessEventsLocked();
   }
@@ -208,9 +207,8 @@ Block* Engine::TakeCachedBlock(FreeLists& lists, std::size_t rounded) {
   return block;
 }
 
-absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool,
-                                          StreamId stream, PrivatePool* owner,
-                                          ContextId context) {
+absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind pool, StreamId stream,
+                                          PrivatePool* owner, ContextId context) {
   const std::size_t segment_size = policy_.SegmentSizeFor(rounded_size);
   if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(stream); !allowed.ok()) {
     return allowed;
@@ -246,10 +244,10 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
       if (!address.ok() && !reclaimed.ok()) {
         // Say why the cache could not make room, or the error would blame a
         // full device while the cache still holds the memory.
-        address = absl::Status(address.status().code(),
-                               absl::StrCat(address.status().message(),
-                                            "; the cache could not make room first: ",
-                                            reclaimed.message()));
+        address = absl::Status(
+            address.status().code(),
+            absl::StrCat(address.status().message(),
+                         "; the cache could not make room first: ", reclaimed.message()));
       }
     }
   }
@@ -279,7 +277,7 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   if (owner != nullptr) {
     ++owner->segments;
     stats_.reserved_bytes_by_private_pools[{owner->id.first, owner->id.second}].Increase(pool,
-                                                                                      bytes);
+                                                                                         bytes);
   }
   if (ABSL_PREDICT_FALSE(policy_.IsOversize(segment_size))) {
     segment->counted_oversize = true;
@@ -293,11 +291,9 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   return block;
 }
 
-absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
-                                                       StreamId stream) {
+absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size, StreamId stream) {
   const std::int64_t reserved = stats_.reserved_bytes.all().current;
-  if (memory_limit_ != 0 &&
-      static_cast<std::size_t>(reserved) + segment_size > memory_limit_) {
+  if (memory_limit_ != 0 && static_cast<std::size_t>(reserved) + segment_size > memory_limit_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "a new %s segment would take reserved memory to %s, over the memory limit of %s",
         FormatBytes(static_cast<std::int64_t>(segment_size)),
@@ -307,9 +303,9 @@ absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
   absl::StatusOr<std::uintptr_t> address = backend_->AllocateSegment(segment_size, stream);
   if (address.ok() && *address % policy_.min_block_size != 0) {
     (void)backend_->ReleaseSegment(*address, segment_size);
-    return absl::InternalError(absl::StrFormat(
-        "backend %s returned a segment at %#x, not aligned to %d bytes", device_name_, *address,
-        policy_.min_block_size));
+    return absl::InternalError(
+        absl::StrFormat("backend %s returned a segment at %#x, not aligned to %d bytes",
+                        device_name_, *address, policy_.min_block_size));
   }
   return address;
 }
@@ -482,7 +478,7 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size,
   tag.current_requested_bytes -= static_cast<std::int64_t>(block->requested_size);
   --tag.live_blocks;
 
-  if (ABSL_PREDICT_FALSE(!block->stream_uses.empty())) {
+  if (ABSL_PREDICT_FALSE(block->HasStreamUses())) {
     block->state = BlockState::kPendingFree;
     if (CaptureUnderwayLocked()) {
       // No event may be recorded or queried now; wait for the capture to end.
@@ -490,7 +486,7 @@ absl::Status Engine::FreeLocked(void* ptr, const std::size_t* requested_size,
       return absl::OkStatus();
     }
     RecordPendingEvents(block);
-    if (block->pending_events == 0) MakeReusable(block);
+    if (block->pending_events() == 0) MakeReusable(block);
     return absl::OkStatus();
   }
   MakeReusable(block);
@@ -508,8 +504,7 @@ void Engine::MakeReusable(Block* block) {
   stats_.active_bytes.Decrease(pool, static_cast<std::int64_t>(block->size));
   stats_.requested_bytes.Decrease(pool, static_cast<std::int64_t>(block->requested_size));
   block->state = BlockState::kFree;
-  block->stream_uses.clear();
-  block->capture_stream_uses.clear();
+  block->uses.reset();
   if (ABSL_PREDICT_FALSE(block->segment->vmm)) ReleasePages(block);
   AddInactiveSplit(block);
   InsertMerged(block);
@@ -546,8 +541,8 @@ void Engine::SetMemoryLimit(std::size_t bytes) {
 
 absl::Status Engine::SetMemoryFraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "torchmem: memory fraction must be in (0, 1], got %g", fraction));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("torchmem: memory fraction must be in (0, 1], got %g", fraction));
   }
   MutexLock lock(&mutex_);
   absl::StatusOr<std::size_t> capacity = backend_->Capacity();
@@ -593,9 +588,8 @@ SizePolicy Engine::policy() const {
 
 // --- tracing ----------------------------------------------------------------
 
-void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size,
-                   StreamId stream, ContextId context, const PrivatePool* pool,
-                   TraceLabel user_metadata) {
+void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
+                   ContextId context, const PrivatePool* pool, TraceLabel user_metadata) {
   TraceEntry entry;
   entry.action = action;
   entry.address = address;
@@ -650,8 +644,8 @@ std::vector<TraceEntry> Engine::GetTrace() const {
 void Engine::RecordSnapshotEvent() {
   MutexLock lock(&mutex_);
   if (Tracing()) {
-    Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current),
-          0, kNoContext, nullptr);
+    Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current), 0,
+          kNoContext, nullptr);
   }
 }
 
@@ -660,9 +654,9 @@ absl::Status Engine::RecordAnnotation(const void* ptr, TraceLabel label) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = blocks_.find(address);
   if (it == blocks_.end() || it->second->state != BlockState::kAllocated) {
-    return absl::NotFoundError(absl::StrFormat(
-        "torchmem: cannot annotate %#x: no allocated block starts there on %s", address,
-        device_name_));
+    return absl::NotFoundError(
+        absl::StrFormat("torchmem: cannot annotate %#x: no allocated block starts there on %s",
+                        address, device_name_));
   }
   if (Tracing()) {
     const Block* block = it->second;
@@ -749,9 +743,9 @@ ScopeBlocks* Engine::ScopeListFor(ScopeId scope) {
 
 void Engine::LinkToScope(Block* block, ScopeBlocks* list) {
   block->scope_list = list;
-  block->scope_prev = nullptr;
-  block->scope_next = list->head;
-  if (list->head != nullptr) list->head->scope_prev = block;
+  block->list_prev = nullptr;
+  block->list_next = list->head;
+  if (list->head != nullptr) list->head->list_prev = block;
   list->head = block;
   ++list->blocks;
 }
@@ -759,14 +753,14 @@ void Engine::LinkToScope(Block* block, ScopeBlocks* list) {
 void Engine::UnlinkFromScope(Block* block) {
   ScopeBlocks* list = block->scope_list;
   if (list == nullptr) return;
-  if (block->scope_prev != nullptr) {
-    block->scope_prev->scope_next = block->scope_next;
+  if (block->list_prev != nullptr) {
+    block->list_prev->list_next = block->list_next;
   } else {
-    list->head = block->scope_next;
+    list->head = block->list_next;
   }
-  if (block->scope_next != nullptr) block->scope_next->scope_prev = block->scope_prev;
+  if (block->list_next != nullptr) block->list_next->list_prev = block->list_prev;
   block->scope_list = nullptr;
-  block->scope_prev = block->scope_next = nullptr;
+  block->list_prev = block->list_next = nullptr;
   --list->blocks;
 }
 
@@ -786,6 +780,8 @@ void Engine::RemoveInactiveSplit(const Block* block) {
 
 void Engine::ApplyInactiveSplitChange(PoolKind pool) {
   InactiveSplitChange& change = inactive_split_change_[static_cast<int>(pool)];
+  // Most operations change nothing here (an exact-size block reused whole).
+  if (change.blocks == 0 && change.bytes == 0) return;
   if (change.blocks > 0) stats_.inactive_split.Increase(pool, change.blocks);
   if (change.blocks < 0) stats_.inactive_split.Decrease(pool, -change.blocks);
   if (change.bytes > 0) stats_.inactive_split_bytes.Increase(pool, change.bytes);
@@ -825,11 +821,11 @@ ScopeSurvivors Engine::CollectScope(ScopeId scope, ScopeId parent) {
   if (last_scope_ == list.get()) last_scope_ = nullptr;
   ScopeBlocks* target = parent == kNoScope ? nullptr : ScopeListFor(parent);
   for (Block* block = list->head; block != nullptr;) {
-    Block* next = block->scope_next;
+    Block* next = block->list_next;
     (block->state == BlockState::kAllocated ? survivors.allocated : survivors.pending)
         .push_back(DescribeBlock(*block));
     block->scope_list = nullptr;
-    block->scope_prev = block->scope_next = nullptr;
+    block->list_prev = block->list_next = nullptr;
     if (target != nullptr) LinkToScope(block, target);
     block = next;
   }

@@ -141,9 +141,9 @@ struct StreamLists {
 // A private pool (see the glossary).
 struct PrivatePool {
   PoolId id;
-  int use_count = 1;    // users holding it (graphs, MemPools, open routes)
-  bool freeable = false;  // use_count reached 0: its free segments may be released
-  bool no_split = false;  // PyTorch's MemPool(no_split=True): never split its blocks
+  int use_count = 1;        // users holding it (graphs, MemPools, open routes)
+  bool freeable = false;    // use_count reached 0: its free segments may be released
+  bool no_split = false;    // PyTorch's MemPool(no_split=True): never split its blocks
   bool use_on_oom = false;  // MemPool(use_on_oom=True): default-pool allocations may
                             // take its free blocks before failing
   std::int64_t segments = 0;
@@ -242,6 +242,10 @@ class Engine {
   // backend has no virtual memory API.
   absl::Status SetPlacement(Placement placement);
   Placement placement() const;
+  // The backend now grants access to its virtual-memory pages to more
+  // devices (a peer): sets the access of every page mapped so far again
+  // (engine_vmm.cc; issue 20). OK without virtual memory.
+  absl::Status RefreshVirtualMemoryAccess();
 
   // Limits the sum of segment sizes (0 removes the limit). A limit below the
   // bytes already reserved only stops growth.
@@ -447,8 +451,8 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // `user_metadata`: the entry's label; by default the process-wide one.
   void Trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
-             ContextId context, const PrivatePool* pool,
-             TraceLabel user_metadata = kNoTraceLabel) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+             ContextId context, const PrivatePool* pool, TraceLabel user_metadata = kNoTraceLabel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool Tracing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     return trace_ != nullptr || trace_listener_ != nullptr;
   }
@@ -526,8 +530,7 @@ class Engine {
   TraceListener trace_listener_ ABSL_GUARDED_BY(mutex_);
 
   // Private pools by id, open routes (newest last), stream captures marked.
-  absl::flat_hash_map<PoolId, std::unique_ptr<PrivatePool>> private_pools_
-      ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<PoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mutex_);
   std::vector<Route> routes_ ABSL_GUARDED_BY(mutex_);
   int marked_captures_ ABSL_GUARDED_BY(mutex_) = 0;
   // Blocks freed during a capture with other-stream uses: pending, no event.

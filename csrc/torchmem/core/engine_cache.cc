@@ -108,8 +108,8 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
         absl::StrFormat("torchmem: could not release the %s %s at %#x on %s (it stays "
                         "cached): %s",
                         FormatBytes(static_cast<std::int64_t>(segment->size)),
-                        segment->vmm ? "address range" : "segment", segment->address,
-                        device_name_, released.message()));
+                        segment->vmm ? "address range" : "segment", segment->address, device_name_,
+                        released.message()));
   }
   Block* block = segment->first;
   segment->lists->Remove(block);
@@ -131,7 +131,7 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
   if (PrivatePool* owner = segment->owner) {
     --owner->segments;
     stats_.reserved_bytes_by_private_pools[{owner->id.first, owner->id.second}].Decrease(kind,
-                                                                                      bytes);
+                                                                                         bytes);
   }
   if (ABSL_PREDICT_FALSE(Tracing()) && !segment->vmm) {
     Trace(TraceAction::kSegmentFree, segment->address, segment->size, segment->stream,
@@ -202,7 +202,8 @@ void Engine::CollectGarbage() {
   std::size_t reclaimed = 0;
   while (reclaimed < target && !candidates.empty()) {
     double total_age = 0;
-    for (const Block* block : candidates) total_age += static_cast<double>(gc_clock_ - block->cached_at);
+    for (const Block* block : candidates)
+      total_age += static_cast<double>(gc_clock_ - block->cached_at);
     const double average = total_age / static_cast<double>(candidates.size());
     std::vector<Block*> younger;
     bool freed = false;

@@ -37,17 +37,19 @@ absl::Status Engine::RecordStream(void* ptr, StreamId stream) {
         address, device_name_));
   }
   if (stream == block->stream()) return absl::OkStatus();
-  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
-      block->stream_uses.end()) {
-    block->stream_uses.push_back(stream);
-    if (CaptureUnderwayLocked()) block->capture_stream_uses.push_back(stream);
+  if (block->uses == nullptr) block->uses = std::make_unique<StreamUses>();
+  std::vector<StreamId>& streams = block->uses->streams;
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) {
+    streams.push_back(stream);
+    if (CaptureUnderwayLocked()) block->uses->captured.push_back(stream);
   }
   return absl::OkStatus();
 }
 
 void Engine::RecordPendingEvents(Block* block) {
-  for (StreamId stream : block->stream_uses) {
-    ++block->pending_events;
+  if (block->uses == nullptr) return;
+  for (StreamId stream : block->uses->streams) {
+    ++block->uses->pending_events;
     ++outstanding_events_;
     absl::StatusOr<EventId> event = backend_->RecordEvent(stream);
     if (event.ok()) {
@@ -66,13 +68,15 @@ void Engine::RecordDeferredEvents() {
   for (Block* block : deferred) {
     // Work captured on a stream runs at replay, under the graph's own
     // ordering: only streams recorded outside the capture need an event.
-    auto& uses = block->stream_uses;
-    for (StreamId captured : block->capture_stream_uses) {
-      uses.erase(std::remove(uses.begin(), uses.end(), captured), uses.end());
+    if (block->uses != nullptr) {
+      std::vector<StreamId>& streams = block->uses->streams;
+      for (StreamId captured : block->uses->captured) {
+        streams.erase(std::remove(streams.begin(), streams.end(), captured), streams.end());
+      }
+      block->uses->captured.clear();
     }
-    block->capture_stream_uses.clear();
     RecordPendingEvents(block);
-    if (block->pending_events == 0) MakeReusable(block);
+    if (block->pending_events() == 0) MakeReusable(block);
   }
 }
 
@@ -97,7 +101,7 @@ void Engine::ProcessEvents() {
 void Engine::CompleteEvent(EventId event, Block* block) {
   backend_->ReleaseEvent(event);
   --outstanding_events_;
-  if (--block->pending_events == 0) MakeReusable(block);
+  if (--block->uses->pending_events == 0) MakeReusable(block);
 }
 
 bool Engine::HandleEventQueryError(StreamId stream, EventId event, const absl::Status& error) {

@@ -40,17 +40,18 @@ absl::Status CompareStat(const char* name, const char* type, const Stat& expecte
                                      actual.current, expected.current));
   }
   if (actual.peak < actual.current) {
-    return Violation(absl::StrFormat("%s.%s.peak %d is below current %d", name, type,
-                                     actual.peak, actual.current));
+    return Violation(absl::StrFormat("%s.%s.peak %d is below current %d", name, type, actual.peak,
+                                     actual.current));
   }
   return absl::OkStatus();
 }
 
 absl::Status CompareArray(const char* name, const StatArray& expected, const StatArray& actual) {
-  for (absl::Status status :
-       {CompareStat(name, "all", expected.all(), actual.all()),
-        CompareStat(name, "small_pool", expected.pool(PoolKind::kSmall), actual.pool(PoolKind::kSmall)),
-        CompareStat(name, "large_pool", expected.pool(PoolKind::kLarge), actual.pool(PoolKind::kLarge))}) {
+  for (absl::Status status : {CompareStat(name, "all", expected.all(), actual.all()),
+                              CompareStat(name, "small_pool", expected.pool(PoolKind::kSmall),
+                                          actual.pool(PoolKind::kSmall)),
+                              CompareStat(name, "large_pool", expected.pool(PoolKind::kLarge),
+                                          actual.pool(PoolKind::kLarge))}) {
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
@@ -102,8 +103,10 @@ absl::Status Engine::CheckInvariants() const {
     recount.stats.reserved_bytes.Increase(pool, HeldBytes(segment));
     if (segment.owner != nullptr) {
       if (!live_pools.contains(segment.owner)) {
-        return Violation(absl::StrFormat("segment %#x belongs to a private pool the engine "
-                                         "does not know", address));
+        return Violation(
+            absl::StrFormat("segment %#x belongs to a private pool the engine "
+                            "does not know",
+                            address));
       }
       ++recount.pool_segments[segment.owner];
       recount.pool_reserved[segment.owner] += HeldBytes(segment);
@@ -111,9 +114,9 @@ absl::Status Engine::CheckInvariants() const {
     // The segment's free lists belong to its own pool (and stream).
     const auto& stream_map = segment.owner == nullptr ? streams_ : segment.owner->streams;
     auto lists = stream_map.find(segment.stream);
-    const FreeLists* own_lists =
-        segment.vmm ? &segment.stream_lists->vmm_pools[static_cast<int>(pool)]
-                    : &segment.stream_lists->pools[static_cast<int>(pool)];
+    const FreeLists* own_lists = segment.vmm
+                                     ? &segment.stream_lists->vmm_pools[static_cast<int>(pool)]
+                                     : &segment.stream_lists->pools[static_cast<int>(pool)];
     if (lists == stream_map.end() || lists->second.get() != segment.stream_lists ||
         segment.lists != own_lists) {
       return Violation(absl::StrFormat(
@@ -121,10 +124,9 @@ absl::Status Engine::CheckInvariants() const {
     }
     ++recount.lists_segments[segment.stream_lists];
     if (segment.vmm) {
-      if (vmm_ == nullptr ||
-          segment.stream_lists->vmm_ranges[static_cast<int>(pool)] != &segment) {
-        return Violation(absl::StrFormat(
-            "range %#x is not the range of its stream's lists", address));
+      if (vmm_ == nullptr || segment.stream_lists->vmm_ranges[static_cast<int>(pool)] != &segment) {
+        return Violation(
+            absl::StrFormat("range %#x is not the range of its stream's lists", address));
       }
       recount.reserved_address_bytes += static_cast<std::int64_t>(segment.size);
     } else if (segment.mapped_pages != 0) {
@@ -163,9 +165,9 @@ absl::Status Engine::CheckInvariants() const {
       }
       switch (block->state) {
         case BlockState::kAllocated: {
-          if (block->index != FreeIndex::kNone || block->pending_events != 0) {
-            return Violation(absl::StrFormat("allocated block %#x is indexed or pending",
-                                             block->address));
+          if (block->index != FreeIndex::kNone || block->pending_events() != 0) {
+            return Violation(
+                absl::StrFormat("allocated block %#x is indexed or pending", block->address));
           }
           recount.stats.allocation.Increase(pool, 1);
           recount.stats.allocated_bytes.Increase(pool, bytes);
@@ -186,19 +188,21 @@ absl::Status Engine::CheckInvariants() const {
           }
           if (deferred.contains(block)) {
             ++recount.deferred;
-            if (block->pending_events != 0) {
-              return Violation(absl::StrFormat("deferred block %#x already has events",
-                                               block->address));
+            if (block->pending_events() != 0) {
+              return Violation(
+                  absl::StrFormat("deferred block %#x already has events", block->address));
             }
-          } else if (block->pending_events <= 0) {
-            return Violation(absl::StrFormat("pending block %#x has no events and is not "
-                                             "deferred", block->address));
+          } else if (block->pending_events() <= 0) {
+            return Violation(
+                absl::StrFormat("pending block %#x has no events and is not "
+                                "deferred",
+                                block->address));
           }
           recount.stats.active.Increase(pool, 1);
           recount.stats.active_bytes.Increase(pool, bytes);
           recount.stats.requested_bytes.Increase(pool,
                                                  static_cast<std::int64_t>(block->requested_size));
-          recount.pending_events += static_cast<std::size_t>(block->pending_events);
+          recount.pending_events += static_cast<std::size_t>(block->pending_events());
           break;
         case BlockState::kFree: {
           ++recount.free_blocks;
@@ -215,9 +219,8 @@ absl::Status Engine::CheckInvariants() const {
           for (const Block* neighbour : {block->prev, block->next}) {
             if (neighbour == nullptr || neighbour->state != BlockState::kFree) continue;
             return Violation(absl::StrFormat(
-                "free blocks %#x (%s) and %#x (%s) are neighbours but not merged",
-                block->address, IndexName(block->index), neighbour->address,
-                IndexName(neighbour->index)));
+                "free blocks %#x (%s) and %#x (%s) are neighbours but not merged", block->address,
+                IndexName(block->index), neighbour->address, IndexName(neighbour->index)));
           }
           break;
         }
@@ -243,16 +246,16 @@ absl::Status Engine::CheckInvariants() const {
   // private pool), and is counted once; every stream's lists hold segments.
   std::size_t indexed = 0;
   absl::flat_hash_set<const Block*> seen;
-  auto check_lists = [&](const PrivatePool* owner,
-                         const absl::flat_hash_map<StreamId, std::unique_ptr<StreamLists>>& map)
-      -> absl::Status {
+  auto check_lists =
+      [&](const PrivatePool* owner,
+          const absl::flat_hash_map<StreamId, std::unique_ptr<StreamLists>>& map) -> absl::Status {
     for (const auto& [stream, lists] : map) {
       auto counted = recount.lists_segments.find(lists.get());
       const std::int64_t segments = counted == recount.lists_segments.end() ? 0 : counted->second;
       if (segments == 0 || segments != lists->segments) {
-        return Violation(absl::StrFormat(
-            "the free lists of stream %#x count %d segments, %d use them", stream, lists->segments,
-            segments));
+        return Violation(
+            absl::StrFormat("the free lists of stream %#x count %d segments, %d use them", stream,
+                            lists->segments, segments));
       }
       for (int pool = 0; pool < 2 * kNumPools; ++pool) {
         const FreeLists& free_lists =
@@ -302,9 +305,9 @@ absl::Status Engine::CheckInvariants() const {
     const std::int64_t stated =
         stat == stats_.reserved_bytes_by_private_pools.end() ? 0 : stat->second.all().current;
     if (stated != bytes) {
-      return Violation(absl::StrFormat(
-          "reserved_bytes_by_private_pools of (%d, %d) is %d, its segments hold %d", id.first,
-          id.second, stated, bytes));
+      return Violation(
+          absl::StrFormat("reserved_bytes_by_private_pools of (%d, %d) is %d, its segments hold %d",
+                          id.first, id.second, stated, bytes));
     }
   }
   for (const auto& [id, stat] : stats_.reserved_bytes_by_private_pools) {
@@ -315,13 +318,14 @@ absl::Status Engine::CheckInvariants() const {
   }
   if (stats_.oversize_allocations.current != recount.oversize_allocations ||
       stats_.oversize_segments.current != recount.oversize_segments) {
-    return Violation(absl::StrFormat(
-        "oversize allocations/segments are %d/%d, recount gives %d/%d",
-        stats_.oversize_allocations.current, stats_.oversize_segments.current,
-        recount.oversize_allocations, recount.oversize_segments));
+    return Violation(absl::StrFormat("oversize allocations/segments are %d/%d, recount gives %d/%d",
+                                     stats_.oversize_allocations.current,
+                                     stats_.oversize_segments.current, recount.oversize_allocations,
+                                     recount.oversize_segments));
   }
   if (indexed != recount.free_blocks) {
-    return Violation(absl::StrFormat("%d free blocks but %d indexed", recount.free_blocks, indexed));
+    return Violation(
+        absl::StrFormat("%d free blocks but %d indexed", recount.free_blocks, indexed));
   }
 
   const MemoryStats& s = stats_;
@@ -366,16 +370,16 @@ absl::Status Engine::CheckInvariants() const {
                                        list->blocks, linked));
     }
     std::int64_t walked = 0;
-    for (const Block* block = list->head; block != nullptr; block = block->scope_next) {
+    for (const Block* block = list->head; block != nullptr; block = block->list_next) {
       if (block->scope_list != list.get() || block->state == BlockState::kFree) {
-        return Violation(absl::StrFormat("scope %d links a free or foreign block %#x", scope,
-                                         block->address));
+        return Violation(
+            absl::StrFormat("scope %d links a free or foreign block %#x", scope, block->address));
       }
       ++walked;
     }
     if (walked != list->blocks) {
-      return Violation(absl::StrFormat("scope %d list has %d blocks, counts %d", scope, walked,
-                                       list->blocks));
+      return Violation(
+          absl::StrFormat("scope %d list has %d blocks, counts %d", scope, walked, list->blocks));
     }
   }
   for (const auto& [list, count] : recount.scope_blocks) {
@@ -398,15 +402,14 @@ absl::Status Engine::CheckInvariants() const {
   std::size_t queued = unrecorded_events_.size();
   for (const auto& [stream, queue] : pending_events_) {
     if (queue.empty()) {
-      return Violation(absl::StrFormat("the event table keeps an empty queue for stream %#x",
-                                       stream));
+      return Violation(
+          absl::StrFormat("the event table keeps an empty queue for stream %#x", stream));
     }
     queued += queue.size();
   }
   if (queued != outstanding_events_ || queued != recount.pending_events) {
-    return Violation(absl::StrFormat(
-        "%d events queued, %d outstanding, pending blocks wait on %d", queued,
-        outstanding_events_, recount.pending_events));
+    return Violation(absl::StrFormat("%d events queued, %d outstanding, pending blocks wait on %d",
+                                     queued, outstanding_events_, recount.pending_events));
   }
   return absl::OkStatus();
 }

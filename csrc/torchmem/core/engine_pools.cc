@@ -91,9 +91,9 @@ absl::Status Engine::EndAllocateToPool(PoolId pool) {
       return absl::OkStatus();
     }
   }
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "torchmem: no allocations on %s are routed to private pool %s", device_name_,
-      PoolName(pool)));
+  return absl::FailedPreconditionError(
+      absl::StrFormat("torchmem: no allocations on %s are routed to private pool %s", device_name_,
+                      PoolName(pool)));
 }
 
 absl::Status Engine::ReleasePool(PoolId pool) {
@@ -102,9 +102,9 @@ absl::Status Engine::ReleasePool(PoolId pool) {
   if (!found.ok()) return found.status();
   PrivatePool* owner = *found;
   if (owner->use_count == 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "torchmem: private pool %s on %s was released more times than it was used",
-        PoolName(pool), device_name_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("torchmem: private pool %s on %s was released more times than it was used",
+                        PoolName(pool), device_name_));
   }
   if (--owner->use_count == 0) {
     owner->freeable = true;
@@ -174,10 +174,10 @@ absl::StatusOr<PoolCheckpoint> Engine::GetPoolCheckpoint(PoolId pool) {
   absl::StatusOr<PrivatePool*> found = FindPool(pool);
   if (!found.ok()) return found.status();
   if ((*found)->freeable) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "torchmem: private pool %s on %s was released; a released pool cannot be "
-        "checkpointed",
-        PoolName(pool), device_name_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("torchmem: private pool %s on %s was released; a released pool cannot be "
+                        "checkpointed",
+                        PoolName(pool), device_name_));
   }
   PoolCheckpoint checkpoint;
   checkpoint.pool = pool;
@@ -194,24 +194,23 @@ absl::StatusOr<PoolCheckpoint> Engine::GetPoolCheckpoint(PoolId pool) {
             "synchronize before checkpointing the pool",
             block->address, PoolName(pool), device_name_));
       }
-      saved.blocks.push_back(PoolCheckpoint::Block{
-          block->address, block->size, block->state == BlockState::kAllocated});
+      saved.blocks.push_back(PoolCheckpoint::Block{block->address, block->size,
+                                                   block->state == BlockState::kAllocated});
     }
   }
   return checkpoint;
 }
 
-absl::StatusOr<CheckpointRestore> Engine::RestorePoolCheckpoint(
-    const PoolCheckpoint& checkpoint) {
+absl::StatusOr<CheckpointRestore> Engine::RestorePoolCheckpoint(const PoolCheckpoint& checkpoint) {
   const Attribution attribution = CurrentAttribution();
   MutexLock lock(&mutex_);
   absl::StatusOr<PrivatePool*> found = FindPool(checkpoint.pool);
   if (!found.ok()) return found.status();
   PrivatePool* pool = *found;
   if (pool->freeable) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "torchmem: private pool %s on %s was released; it cannot be restored",
-        PoolName(checkpoint.pool), device_name_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("torchmem: private pool %s on %s was released; it cannot be restored",
+                        PoolName(checkpoint.pool), device_name_));
   }
   // Check everything before changing anything: every checkpointed segment
   // must still be one of the pool's, with the same extent, and nothing in
@@ -246,7 +245,7 @@ absl::StatusOr<CheckpointRestore> Engine::RestorePoolCheckpoint(
     if (segment->owner != pool) continue;
     pool_segments.push_back(segment.get());
     for (const Block* block = segment->first; block != nullptr; block = block->next) {
-      if (block->state == BlockState::kPendingFree || !block->stream_uses.empty()) {
+      if (block->state == BlockState::kPendingFree || block->HasStreamUses()) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "torchmem: block %#x of private pool %s on %s is used on other streams; "
             "synchronize before restoring the pool",

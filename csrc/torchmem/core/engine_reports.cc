@@ -46,10 +46,10 @@ class FreeSpaceCounter {
     stats_->histogram_bytes[bucket] += bytes;
   }
   void Finish() {
-    stats_->external_fragmentation =
-        stats_->free_bytes == 0 ? 0.0
-                                : 1.0 - static_cast<double>(stats_->largest_free_extent) /
-                                            static_cast<double>(stats_->free_bytes);
+    stats_->external_fragmentation = stats_->free_bytes == 0
+                                         ? 0.0
+                                         : 1.0 - static_cast<double>(stats_->largest_free_extent) /
+                                                     static_cast<double>(stats_->free_bytes);
   }
 
  private:
@@ -221,8 +221,8 @@ absl::StatusOr<BlockInfo> Engine::GetBlock(const void* ptr) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = blocks_.find(address);
   if (it == blocks_.end() || it->second->state != BlockState::kAllocated) {
-    return absl::NotFoundError(absl::StrFormat(
-        "torchmem: no allocated block starts at %#x on %s", address, device_name_));
+    return absl::NotFoundError(
+        absl::StrFormat("torchmem: no allocated block starts at %#x on %s", address, device_name_));
   }
   return DescribeBlock(*it->second);
 }
@@ -253,7 +253,8 @@ std::vector<BlockInfo> Engine::GetAllocatedBlocks() const {
 std::int64_t Engine::LargestFreeExtentLocked() const {
   std::int64_t largest = 0;
   for (const auto& [address, segment] : segments_) {
-    ForEachFreeExtent(*segment, [&largest](std::int64_t bytes) { largest = std::max(largest, bytes); });
+    ForEachFreeExtent(*segment,
+                      [&largest](std::int64_t bytes) { largest = std::max(largest, bytes); });
   }
   return largest;
 }
@@ -297,7 +298,8 @@ std::string Engine::OutOfMemoryMessage(std::size_t size, std::size_t rounded,
       "batches.",
       device_name_, FormatBytes(static_cast<std::int64_t>(size)), size,
       FormatBytes(static_cast<std::int64_t>(rounded)), limit, FormatBytes(reserved),
-      stats_.segment.all().current, FormatBytes(allocated), FormatBytes(reserved - stats_.active_bytes.all().current),
+      stats_.segment.all().current, FormatBytes(allocated),
+      FormatBytes(reserved - stats_.active_bytes.all().current),
       FormatBytes(LargestFreeExtentLocked()),
       top_tags.empty() ? "(none)" : absl::StrJoin(top_tags, ", "), cause.message());
 }

@@ -29,6 +29,12 @@ absl::Status Engine::SetPlacement(Placement placement) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::RefreshVirtualMemoryAccess() {
+  MutexLock lock(&mutex_);
+  if (vmm_ == nullptr) return absl::OkStatus();
+  return vmm_->RegrantAccess();
+}
+
 Placement Engine::placement() const {
   MutexLock lock(&mutex_);
   return placement_;

@@ -9,6 +9,10 @@ FreeLists::FreeLists(std::size_t unit) : unit_shift_(std::countr_zero(unit)) {
   assert(std::has_single_bit(unit));
 }
 
+void FreeLists::NewChunk(std::unique_ptr<Chunk>& chunk) {
+  chunk = std::make_unique<Chunk>(Chunk{});
+}
+
 void FreeLists::SetBit(std::size_t cls) {
   const std::size_t word = cls / 64;
   bits_[word] |= std::uint64_t{1} << (cls % 64);
@@ -41,6 +45,9 @@ std::size_t FreeLists::FirstNonEmptyFrom(std::size_t cls) const {
 void FreeLists::Insert(Block* block) {
   assert(block->index == FreeIndex::kNone);
   ++count_;
+  // PlacedBefore compares blocks' copies: one read of the segment here
+  // rather than one per block walked past.
+  block->registration = block->segment->registration;
   const std::size_t cls = ClassOf(block->size);
   if (cls >= kClassCount) {
     block->index = FreeIndex::kOversized;
@@ -58,16 +65,16 @@ void FreeLists::Insert(Block* block) {
   Block* next = head;
   while (next != nullptr && PlacedBefore(next, block)) {
     prev = next;
-    next = next->cache_next;
+    next = next->list_next;
   }
-  block->cache_prev = prev;
-  block->cache_next = next;
+  block->list_prev = prev;
+  block->list_next = next;
   if (prev != nullptr) {
-    prev->cache_next = block;
+    prev->list_next = block;
   } else {
     head = block;
   }
-  if (next != nullptr) next->cache_prev = block;
+  if (next != nullptr) next->list_prev = block;
   block->index = FreeIndex::kClassList;
 }
 
@@ -84,15 +91,15 @@ void FreeLists::Remove(Block* block) {
   }
   assert(block->index == FreeIndex::kClassList);
   const std::size_t cls = ClassOf(block->size);
-  if (block->cache_prev != nullptr) {
-    block->cache_prev->cache_next = block->cache_next;
+  if (block->list_prev != nullptr) {
+    block->list_prev->list_next = block->list_next;
   } else {
     Block*& head = Head(cls);
-    head = block->cache_next;
+    head = block->list_next;
     if (head == nullptr) ClearBit(cls);
   }
-  if (block->cache_next != nullptr) block->cache_next->cache_prev = block->cache_prev;
-  block->cache_prev = block->cache_next = nullptr;
+  if (block->list_next != nullptr) block->list_next->list_prev = block->list_prev;
+  block->list_prev = block->list_next = nullptr;
   block->index = FreeIndex::kNone;
 }
 
@@ -105,8 +112,8 @@ const Block* FreeLists::FindMisplaced() const {
       for (std::uint64_t bits = bits_[word]; bits != 0; bits &= bits - 1) {
         const std::size_t cls = word * 64 + std::countr_zero(bits);
         const Block* prev = nullptr;
-        for (const Block* block = HeadOrNull(cls); block != nullptr; block = block->cache_next) {
-          if (ClassOf(block->size) != cls || block->cache_prev != prev ||
+        for (const Block* block = HeadOrNull(cls); block != nullptr; block = block->list_next) {
+          if (ClassOf(block->size) != cls || block->list_prev != prev ||
               (prev != nullptr && !PlacedBefore(prev, block))) {
             return block;
           }

@@ -34,8 +34,8 @@
 //
 // Invariants: each free block is in exactly one place (its class list, the
 // oversized set or the range-tail slot; at most one tail per lists: one
-// range per (stream, pool), another tail goes to the set); a class's bit is set iff its list is non-empty; a summary
-// bit is set iff its bitmap word is non-zero. Not thread-safe: the engine's
+// range per (stream, pool), another tail goes to the set); a class's bit is set iff its list is
+// non-empty; a summary bit is set iff its bitmap word is non-zero. Not thread-safe: the engine's
 // lock guards it.
 #ifndef TORCHMEM_CORE_FREE_LISTS_H_
 #define TORCHMEM_CORE_FREE_LISTS_H_
@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/base/attributes.h"
 #include "absl/container/btree_set.h"
 #include "torchmem/core/block.h"
 
@@ -82,7 +83,7 @@ class FreeLists {
     for (std::size_t chunk = 0; chunk < chunks_.size(); ++chunk) {
       if (chunks_[chunk] == nullptr) continue;
       for (Block* head : *chunks_[chunk]) {
-        for (Block* block = head; block != nullptr; block = block->cache_next) fn(block);
+        for (Block* block = head; block != nullptr; block = block->list_next) fn(block);
       }
     }
     for (Block* block : oversized_) fn(block);
@@ -95,8 +96,9 @@ class FreeLists {
   template <typename Fn>
   void ForEachFreeAtLeast(std::size_t size, Fn fn) const {
     for (std::size_t cls = FirstNonEmptyFrom(std::min(ClassOf(size), kClassCount - 1));
-         cls < kClassCount; cls = cls + 1 < kClassCount ? FirstNonEmptyFrom(cls + 1) : kClassCount) {
-      for (Block* block = HeadOrNull(cls); block != nullptr; block = block->cache_next) {
+         cls < kClassCount;
+         cls = cls + 1 < kClassCount ? FirstNonEmptyFrom(cls + 1) : kClassCount) {
+      for (Block* block = HeadOrNull(cls); block != nullptr; block = block->list_next) {
         if (block->size >= size) fn(block);
       }
     }
@@ -106,15 +108,14 @@ class FreeLists {
 
  private:
   static constexpr std::size_t kClassesPerChunk = 64;
-  static constexpr std::size_t kWords = kClassCount / 64;         // level-1 bitmap words
-  static constexpr std::size_t kSummaryWords = kWords / 64;       // level-0 summary words
+  static constexpr std::size_t kWords = kClassCount / 64;    // level-1 bitmap words
+  static constexpr std::size_t kSummaryWords = kWords / 64;  // level-0 summary words
   using Chunk = std::array<Block*, kClassesPerChunk>;
 
   // Among blocks of equal size: true if `a` is handed out before `b`.
   static bool PlacedBefore(const Block* a, const Block* b) {
-    const std::uint64_t age_a = a->segment->registration;
-    const std::uint64_t age_b = b->segment->registration;
-    return age_a != age_b ? age_a < age_b : a->address < b->address;
+    return a->registration != b->registration ? a->registration < b->registration
+                                              : a->address < b->address;
   }
   // Orders by size, then PlacedBefore; transparent so best fit can probe
   // with a bare size, which orders before every block of that size.
@@ -133,9 +134,12 @@ class FreeLists {
   std::size_t ClassOf(std::size_t size) const { return size >> unit_shift_; }
   Block*& Head(std::size_t cls) {
     std::unique_ptr<Chunk>& chunk = chunks_[cls / kClassesPerChunk];
-    if (chunk == nullptr) [[unlikely]] chunk = std::make_unique<Chunk>(Chunk{});
+    if (chunk == nullptr) [[unlikely]]
+      NewChunk(chunk);
     return (*chunk)[cls % kClassesPerChunk];
   }
+  // Out of line, so that Head stays small enough to inline on the hot path.
+  ABSL_ATTRIBUTE_NOINLINE static void NewChunk(std::unique_ptr<Chunk>& chunk);
   Block* HeadOrNull(std::size_t cls) const {
     const std::unique_ptr<Chunk>& chunk = chunks_[cls / kClassesPerChunk];
     return chunk == nullptr ? nullptr : (*chunk)[cls % kClassesPerChunk];

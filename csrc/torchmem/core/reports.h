@@ -73,11 +73,11 @@ struct CheckpointRestore {
 
 // Events and deferrals around cross-stream reuse.
 struct EventHealth {
-  std::int64_t outstanding_events = 0;     // recorded, not yet seen complete
-  std::int64_t streams_with_events = 0;    // entries of the per-stream event table
-  std::int64_t deferred_frees = 0;         // freed during a capture, no event yet
-  std::int64_t event_query_errors = 0;     // queries that failed (not "not ready")
-  std::int64_t event_sync_errors = 0;      // synchronizations that failed too
+  std::int64_t outstanding_events = 0;   // recorded, not yet seen complete
+  std::int64_t streams_with_events = 0;  // entries of the per-stream event table
+  std::int64_t deferred_frees = 0;       // freed during a capture, no event yet
+  std::int64_t event_query_errors = 0;   // queries that failed (not "not ready")
+  std::int64_t event_sync_errors = 0;    // synchronizations that failed too
 };
 
 // Per-tag accounting. Bytes are rounded block sizes, as allocated_bytes.
@@ -103,13 +103,13 @@ struct ScopeSurvivors {
 struct FreeSpaceStats {
   std::int64_t reserved_bytes = 0;
   std::int64_t allocated_bytes = 0;
-  std::int64_t requested_bytes = 0;        // of allocated and pending blocks
-  std::int64_t free_bytes = 0;             // cached, reusable
-  std::int64_t pending_free_bytes = 0;     // waiting on events
+  std::int64_t requested_bytes = 0;     // of allocated and pending blocks
+  std::int64_t free_bytes = 0;          // cached, reusable
+  std::int64_t pending_free_bytes = 0;  // waiting on events
   std::int64_t largest_free_extent = 0;
   std::int64_t free_extents = 0;
-  std::int64_t inactive_split_bytes = 0;   // free bytes in segments holding live blocks
-  std::int64_t internal_waste_bytes = 0;   // allocated - requested (rounding)
+  std::int64_t inactive_split_bytes = 0;  // free bytes in segments holding live blocks
+  std::int64_t internal_waste_bytes = 0;  // allocated - requested (rounding)
   // 1 - largest free extent / free bytes (0 when nothing is free): how much
   // of the cache cannot serve one request of its total size.
   double external_fragmentation = 0.0;

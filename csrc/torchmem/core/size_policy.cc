@@ -11,8 +11,8 @@ absl::Status SizePolicy::Validate() const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "size policy: min_block_size must be a power of two, got %d", min_block_size));
   }
-  for (std::size_t value : {small_size, small_segment_size, min_large_alloc, large_segment_size,
-                            large_rounding}) {
+  for (std::size_t value :
+       {small_size, small_segment_size, min_large_alloc, large_segment_size, large_rounding}) {
     if (value == 0 || value % min_block_size != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "size policy: every size must be a positive multiple of min_block_size (%d), got %d",
@@ -20,9 +20,9 @@ absl::Status SizePolicy::Validate() const {
     }
   }
   if (small_size >= small_segment_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "size policy: small_size (%d) must be below small_segment_size (%d)", small_size,
-        small_segment_size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("size policy: small_size (%d) must be below small_segment_size (%d)",
+                        small_size, small_segment_size));
   }
   if (min_large_alloc > large_segment_size || min_large_alloc <= small_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -30,9 +30,9 @@ absl::Status SizePolicy::Validate() const {
         small_size, min_large_alloc, large_segment_size));
   }
   if (large_segment_size % large_rounding != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "size policy: large_rounding (%d) must divide large_segment_size (%d)", large_rounding,
-        large_segment_size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("size policy: large_rounding (%d) must divide large_segment_size (%d)",
+                        large_rounding, large_segment_size));
   }
   for (std::size_t divisions : roundup_power2_divisions) {
     if (divisions > 1 && !std::has_single_bit(divisions)) {

@@ -53,13 +53,13 @@ struct SizePolicy {
   // The smallest max_split_size PyTorch accepts (max_split_size_mb >= 20).
   static constexpr std::size_t kMinMaxSplitSize = 20 * kMiB;
 
-  std::size_t min_block_size = 512;              // rounding unit and smallest block
-  std::size_t small_size = 1 * kMiB;             // largest request served by the small pool
-  std::size_t small_segment_size = 2 * kMiB;     // segment size of the small pool
-  std::size_t min_large_alloc = 10 * kMiB;       // requests below this share large segments
-  std::size_t large_segment_size = 20 * kMiB;    // shared segment size of the large pool
-  std::size_t large_rounding = 2 * kMiB;         // rounding of dedicated large segments
-  std::size_t max_split_size = kNoMaxSplit;      // oversize threshold; kNoMaxSplit: none
+  std::size_t min_block_size = 512;                // rounding unit and smallest block
+  std::size_t small_size = 1 * kMiB;               // largest request served by the small pool
+  std::size_t small_segment_size = 2 * kMiB;       // segment size of the small pool
+  std::size_t min_large_alloc = 10 * kMiB;         // requests below this share large segments
+  std::size_t large_segment_size = 20 * kMiB;      // shared segment size of the large pool
+  std::size_t large_rounding = 2 * kMiB;           // rounding of dedicated large segments
+  std::size_t max_split_size = kNoMaxSplit;        // oversize threshold; kNoMaxSplit: none
   std::size_t max_non_split_rounding = 20 * kMiB;  // how much bigger an oversize block may be
   std::array<std::size_t, kRoundupIntervals> roundup_power2_divisions{};
 

@@ -133,7 +133,7 @@ struct MemoryStats {
     std::int64_t touched_bytes = 0;           // pages live blocks overlap
     std::int64_t cached_bytes = 0;            // mapped, touched by no live block
     std::int64_t peak_mapped_bytes = 0;
-    std::int64_t reserves = 0;                // backend calls since creation
+    std::int64_t reserves = 0;  // backend calls since creation
     std::int64_t address_releases = 0;
     std::int64_t creates = 0;
     std::int64_t releases = 0;

@@ -41,8 +41,8 @@ struct TraceEntry {
   std::size_t size = 0;
   StreamId stream = 0;
   ContextId context = kNoContext;
-  PoolId pool;               // the private pool involved; default pool: {0, 0}
-  std::int64_t time_us = 0;  // wall clock, microseconds since the epoch
+  PoolId pool;                                 // the private pool involved; default pool: {0, 0}
+  std::int64_t time_us = 0;                    // wall clock, microseconds since the epoch
   TraceLabel user_metadata = kNoTraceLabel;    // see trace_labels.h
   TraceLabel compile_context = kNoTraceLabel;  // of the thread that caused it
 };
@@ -60,7 +60,7 @@ class TraceRing {
  private:
   std::size_t capacity_;
   std::vector<TraceEntry> entries_;  // grows to capacity_, then wraps
-  std::uint64_t recorded_ = 0;  // total ever recorded; next slot = recorded_ % capacity
+  std::uint64_t recorded_ = 0;       // total ever recorded; next slot = recorded_ % capacity
 };
 
 // Wall-clock microseconds, as TraceEntry::time_us.

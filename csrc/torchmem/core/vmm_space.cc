@@ -193,6 +193,29 @@ absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t 
   return GiveAccess(first, count);
 }
 
+absl::Status VmmSpace::RegrantAccess() {
+  std::vector<std::uint64_t> mapped;
+  mapped.reserve(static_cast<std::size_t>(pages_.size()));
+  pages_.ForEach([&mapped](std::uint64_t index, const Page& page) {
+    if (page.mapped) mapped.push_back(index);
+  });
+  std::sort(mapped.begin(), mapped.end());
+  for (std::size_t begin = 0; begin < mapped.size();) {
+    const Segment* range = RangeOf(mapped[begin]);
+    std::size_t end = begin + 1;
+    while (end < mapped.size() && mapped[end] == mapped[end - 1] + 1 &&
+           RangeOf(mapped[end]) == range) {
+      ++end;
+    }
+    if (absl::Status access = GiveAccess(mapped[begin], static_cast<std::int64_t>(end - begin));
+        !access.ok()) {
+      return access;
+    }
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VmmSpace::GiveAccess(std::uint64_t first, std::int64_t count) {
   ++counters_.set_access;
   absl::Status access =

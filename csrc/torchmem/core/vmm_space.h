@@ -122,6 +122,12 @@ class VmmSpace {
   // Returns how many went; stops at the first backend error.
   std::int64_t ReleaseStealable(std::int64_t pages);
 
+  // SetAccess again over every mapped page, a run of adjacent pages of one
+  // range per call: the backend's access list grew (a peer device was
+  // added) and the pages mapped before must follow. Stops at the first
+  // backend error.
+  absl::Status RegrantAccess();
+
   // Unmaps and frees every page, live or not (the engine is being
   // destroyed); errors are ignored.
   void ReleaseEverything();

@@ -56,8 +56,8 @@ TEST_F(EngineTest, FreeWithTheWrongSizeIsRejected) {
 }
 
 TEST_F(EngineTest, FreeingAnotherEnginesPointerIsRejected) {
-  Engine other(std::make_unique<ControlledBackend>(
-      ControlledBackendOptions{.device_name = "test:1"}));
+  Engine other(
+      std::make_unique<ControlledBackend>(ControlledBackendOptions{.device_name = "test:1"}));
   absl::StatusOr<void*> foreign = other.Allocate(4096);
   ASSERT_TRUE(foreign.ok());
   const absl::Status status = engine_->Free(*foreign);

@@ -17,7 +17,8 @@ TEST_F(EngineTest, NoEventIsRecordedOrQueriedDuringACapture) {
   void* before = Allocate(4096, kCapturing);
   ASSERT_TRUE(engine_->RecordStream(before, kSide).ok());
   engine_->MarkCaptureBegin();
-  ASSERT_TRUE(engine_->BeginAllocateToPool(kGraph, [](StreamId s) { return s == kCapturing; }).ok());
+  ASSERT_TRUE(
+      engine_->BeginAllocateToPool(kGraph, [](StreamId s) { return s == kCapturing; }).ok());
   const int recorded = faults_->calls(BackendCall::kRecordEvent);
   const int queried = faults_->calls(BackendCall::kQueryEvent);
   Free(before);  // used on kSide: deferred, no event yet

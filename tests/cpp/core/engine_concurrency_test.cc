@@ -17,8 +17,8 @@ constexpr int kThreads = 4;
 constexpr int kOperationsPerThread = 3000;
 
 TEST(EngineConcurrencyTest, ConcurrentAllocFreeKeepsThePoolIntact) {
-  auto backend_owner = std::make_unique<ControlledBackend>(
-      ControlledBackendOptions{.auto_complete_events = true});
+  auto backend_owner =
+      std::make_unique<ControlledBackend>(ControlledBackendOptions{.auto_complete_events = true});
   Engine engine(std::move(backend_owner));
   std::atomic<bool> done{false};
   std::vector<TagId> tags;

@@ -29,10 +29,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "doubles/controlled_backend.h"
+#include "doubles/fault_injecting_backend.h"
 #include "gtest/gtest.h"
 #include "tests/cpp/support/live_block_model.h"
-#include "torchmem/backends/controlled_backend.h"
-#include "torchmem/backends/fault_injecting_backend.h"
 #include "torchmem/backends/host_backend.h"
 #include "torchmem/core/engine.h"
 
@@ -153,7 +153,7 @@ class FaultInjectingBackendTest : public ::testing::Test {
                        : backend_->UnmapPages(range, kRange, /*stream=*/3);
         }
         // Mapped unless the map failed or the unmap succeeded.
-        const bool mapped = call == BackendCall::kMapPage     ? status.ok()
+        const bool mapped = call == BackendCall::kMapPage      ? status.ok()
                             : call == BackendCall::kUnmapPages ? !status.ok()
                                                                : true;
         if (mapped) {

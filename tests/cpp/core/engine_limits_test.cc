@@ -11,9 +11,9 @@ using testing::EngineTest;
 
 TEST_F(EngineTest, LimitStopsGrowthBeforeTheBackendIsAsked) {
   engine_->SetMemoryLimit(4 * kMiB);
-  void* a = Allocate(kMiB);                 // 2 MiB small segment
-  void* b = Allocate(kMiB);                 // same segment
-  void* c = Allocate(kMiB);                 // second small segment: 4 MiB reserved
+  void* a = Allocate(kMiB);  // 2 MiB small segment
+  void* b = Allocate(kMiB);  // same segment
+  void* c = Allocate(kMiB);  // second small segment: 4 MiB reserved
   const std::int64_t backend_calls = faults_->calls(BackendCall::kAllocateSegment);
   const absl::StatusOr<void*> over = engine_->Allocate(kMiB * 3);  // needs 20 MiB
   EXPECT_TRUE(absl::IsResourceExhausted(over.status()));

@@ -125,7 +125,8 @@ TEST_P(EngineModelTest, StatisticsEqualTheModelAfterEveryOperation) {
   Engine engine(std::move(backend_owner));
   Model model(engine.policy());
   std::vector<TagId> tags;
-  for (const char* name : {"model-a", "model-b", "model-c"}) tags.push_back(*TagRegistry::Intern(name));
+  for (const char* name : {"model-a", "model-b", "model-c"})
+    tags.push_back(*TagRegistry::Intern(name));
   std::vector<TagId> tag_stack;
   std::vector<ScopeId> scope_stack;
   absl::flat_hash_map<TagId, std::int64_t> expected_tag_bytes;

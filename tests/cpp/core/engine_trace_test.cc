@@ -1,7 +1,7 @@
 // The optional event trace (PyTorch's device_traces vocabulary).
 #include "gtest/gtest.h"
-#include "torchmem/core/context_capture.h"
 #include "tests/cpp/support/engine_fixture.h"
+#include "torchmem/core/context_capture.h"
 
 namespace torchmem {
 namespace {
@@ -105,9 +105,9 @@ TEST_F(EngineTest, TraceKeepsTheNewestEntriesWhenFull) {
   for (int i = 0; i < 5; ++i) Free(Allocate(4096));
   const std::vector<TraceEntry> trace = engine_->GetTrace();
   ASSERT_EQ(trace.size(), 3u);
-  EXPECT_EQ(Actions(trace), (std::vector<TraceAction>{TraceAction::kAlloc,
-                                                      TraceAction::kFreeRequested,
-                                                      TraceAction::kFreeCompleted}));
+  EXPECT_EQ(Actions(trace),
+            (std::vector<TraceAction>{TraceAction::kAlloc, TraceAction::kFreeRequested,
+                                      TraceAction::kFreeCompleted}));
   engine_->SetTraceCapacity(0);
   EXPECT_TRUE(engine_->GetTrace().empty());
 }

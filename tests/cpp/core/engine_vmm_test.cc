@@ -304,7 +304,7 @@ TEST_F(EngineVmmTest, AUseOnOomPoolLendsAPlaceWhosePagesItHoldsBeforeTheLadder) 
   void* in_pool = Touch(3 * kPage);
   ASSERT_TRUE(engine_->EndAllocateToPool(pool).ok());
   ASSERT_TRUE(engine_->ReleasePool(pool).ok());  // the route's reference; the MemPool's stays
-  Release(in_pool);  // 3 pages cached in the pool's range
+  Release(in_pool);                              // 3 pages cached in the pool's range
   engine_->SetMemoryLimit(5 * kPage);
   void* filler = Touch(2 * kPage);  // the default range's 2 pages: at the limit
   const std::int64_t creates = Calls(BackendCall::kCreatePhysicalPage);
@@ -472,14 +472,15 @@ TEST_P(EngineVmmFaultTest, AFailingCallLeavesTheEngineConsistent) {
 
 // VirtualMemoryPageSize is asked once, when the placement is chosen (see
 // ABackendWithoutVirtualMemorySaysSo for its failure).
-INSTANTIATE_TEST_SUITE_P(
-    VirtualMemoryCalls, EngineVmmFaultTest,
-    ::testing::Values(BackendCall::kReserveAddressRange, BackendCall::kReleaseAddressRange,
-                      BackendCall::kCreatePhysicalPage, BackendCall::kReleasePhysicalPage,
-                      BackendCall::kMapPage, BackendCall::kSetAccess, BackendCall::kUnmapPages),
-    [](const ::testing::TestParamInfo<BackendCall>& info) {
-      return std::string(BackendCallName(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(VirtualMemoryCalls, EngineVmmFaultTest,
+                         ::testing::Values(BackendCall::kReserveAddressRange,
+                                           BackendCall::kReleaseAddressRange,
+                                           BackendCall::kCreatePhysicalPage,
+                                           BackendCall::kReleasePhysicalPage, BackendCall::kMapPage,
+                                           BackendCall::kSetAccess, BackendCall::kUnmapPages),
+                         [](const ::testing::TestParamInfo<BackendCall>& info) {
+                           return std::string(BackendCallName(info.param));
+                         });
 
 TEST(EngineVmmPageSizeFaultTest, AFailingPageSizeQueryRefusesThePlacementClearly) {
   auto faults = std::make_unique<FaultInjectingBackend>(std::make_unique<ControlledBackend>());

@@ -9,19 +9,19 @@
 #include <string_view>
 #include <vector>
 
+#include "doubles/controlled_backend.h"
+#include "doubles/fault_injecting_backend.h"
 #include "gtest/gtest.h"
-#include "torchmem/backends/controlled_backend.h"
-#include "torchmem/backends/fault_injecting_backend.h"
 #include "torchmem/core/engine.h"
 #include "torchmem/core/warnings.h"
 
 namespace torchmem::testing {
 
 // Asserts that the engine's pool is intact (see Engine::CheckInvariants).
-#define EXPECT_POOL_INTACT(engine)                                 \
-  do {                                                             \
-    absl::Status _invariants = (engine).CheckInvariants();         \
-    EXPECT_TRUE(_invariants.ok()) << _invariants.message();        \
+#define EXPECT_POOL_INTACT(engine)                          \
+  do {                                                      \
+    absl::Status _invariants = (engine).CheckInvariants();  \
+    EXPECT_TRUE(_invariants.ok()) << _invariants.message(); \
   } while (0)
 
 class EngineTest : public ::testing::Test {

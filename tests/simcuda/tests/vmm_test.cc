@@ -698,5 +698,46 @@ TEST(FakeNvmlTest, AnswersWhatTorchAsks) {
   // Not closed: its call counters live until the process exits, by design.
 }
 
+TEST_F(VmmTest, CopiesNeedTheExecutingDevicesAccessToMappedPages) {
+  // A page of device 0 that only device 0 may access, as a GPU maps it:
+  // device 1 (a peer) faults on it until cuMemSetAccess names device 1 too.
+  ASSERT_EQ(simcuda_set_device_count(2), cudaSuccess);
+  const CUdeviceptr base = Reserve(kPage);
+  const CUmemGenericAllocationHandle handle = Create(kPage, 0);
+  ASSERT_EQ(d_.map(base, kPage, 0, handle, 0), CUDA_SUCCESS);
+  GrantReadWrite(base, kPage);
+  void* page = reinterpret_cast<void*>(base);
+  void* other = nullptr;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&other, 4096), cudaSuccess);
+  cudaStream_t stream1 = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream1), cudaSuccess);
+
+  // Executed by device 1 (its stream): refused both ways.
+  EXPECT_EQ(cudaMemcpyAsync(other, page, 4096, cudaMemcpyDeviceToDevice, stream1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpyAsync(page, other, 4096, cudaMemcpyDeviceToDevice, stream1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(other, page, 4096, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  // A peer copy touches each side from its own device: allowed.
+  EXPECT_EQ(cudaMemcpyPeerAsync(other, 1, page, 0, 4096, stream1), cudaSuccess);
+  // Executed by device 0 (its default stream): allowed.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(other, page, 4096, cudaMemcpyDeviceToDevice, nullptr), cudaSuccess);
+
+  // Access for the peer: device 1's copies work.
+  const CUmemAccessDesc both[2] = {Access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                                   Access(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)};
+  ASSERT_EQ(d_.set_access(base, kPage, both, 2), CUDA_SUCCESS);
+  EXPECT_EQ(cudaMemcpyAsync(page, other, 4096, cudaMemcpyDeviceToDevice, stream1), cudaSuccess);
+
+  ASSERT_EQ(cudaStreamDestroy(stream1), cudaSuccess);
+  ASSERT_EQ(cudaFree(other), cudaSuccess);
+  ASSERT_EQ(d_.unmap(base, kPage), CUDA_SUCCESS);
+  ASSERT_EQ(d_.release(handle), CUDA_SUCCESS);
+  ASSERT_EQ(d_.address_free(base, kPage), CUDA_SUCCESS);
+}
+
 }  // namespace
 }  // namespace simcuda_test

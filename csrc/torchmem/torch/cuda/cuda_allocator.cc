@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "torchmem/backends/cuda_streams.h"
 #include "torchmem/core/warnings.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
 
@@ -72,24 +73,24 @@ void ReportToProfiler(int device, Engine& engine, void* ptr, std::int64_t change
 
 void RawDeleteCached(void* ptr) {
   if (ptr == nullptr) return;
-  // Try the engines in device order; most processes have one. A miss is a
-  // hash lookup (no message is built).
-  for (int device = 0; device < kMaxCudaDevices; ++device) {
-    Engine* engine = ExistingCudaEngine(device);
-    if (engine == nullptr) continue;
-    if (ABSL_PREDICT_FALSE(c10::memoryProfilingEnabled())) {
+  // The engine of the device whose segment holds ptr (address registry):
+  // no other engine is asked, nor locked.
+  const int device = CudaDeviceOwning(ptr);
+  Engine* engine = device < 0 ? nullptr : ExistingCudaEngine(device);
+  if (engine != nullptr) {
+    std::int64_t size = 0;
+    const bool profiling = ABSL_PREDICT_FALSE(c10::memoryProfilingEnabled());
+    if (profiling) {
       absl::StatusOr<BlockInfo> block = engine->GetBlock(ptr);
-      if (!block.ok()) continue;
-      absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
-      if (!freed.ok()) Warn(freed.status().message());
-      ReportToProfiler(device, *engine, ptr, -static_cast<std::int64_t>(block->size));
-      return;
+      if (block.ok()) size = static_cast<std::int64_t>(block->size);
     }
     absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
-    if (freed.ok() && !*freed) continue;
     // A deleter runs in destructors and must not throw; the pool is intact.
     if (!freed.ok()) Warn(freed.status().message());
-    return;
+    if (freed.ok() && *freed) {
+      if (profiling) ReportToProfiler(device, *engine, ptr, -size);
+      return;
+    }
   }
   Warn(absl::StrFormat(
       "invalid device pointer %p: no torchmem CUDA engine allocated it; nothing was freed", ptr));
@@ -259,13 +260,10 @@ void* TorchmemCudaAllocatorImpl::raw_alloc_with_stream(size_t nbytes, cudaStream
 
 void TorchmemCudaAllocatorImpl::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
-  for (int device = 0; device < kMaxCudaDevices; ++device) {
-    Engine* engine = ExistingCudaEngine(device);
-    if (engine == nullptr) continue;
+  if (Engine* engine = CudaEngineOwning(ptr)) {
     absl::StatusOr<bool> freed = engine->FreeIfOwned(ptr);
-    if (freed.ok() && !*freed) continue;
     TORCH_CHECK(freed.ok(), std::string(freed.status().message()));
-    return;
+    if (*freed) return;
   }
   if (caching_disabled_.load(std::memory_order_relaxed) ||
       !enabled_.load(std::memory_order_relaxed)) {
@@ -387,11 +385,12 @@ void TorchmemCudaAllocatorImpl::cacheInfo(c10::DeviceIndex device, size_t* large
 }
 
 void* TorchmemCudaAllocatorImpl::getBaseAllocation(void* ptr, size_t* size) {
-  for (const auto& [device, engine] : CudaEngines()) {
+  if (Engine* engine = CudaEngineOwning(ptr)) {
     absl::StatusOr<SegmentInfo> segment = engine->SegmentContaining(ptr);
-    if (!segment.ok()) continue;
-    if (size != nullptr) *size = segment->size;
-    return reinterpret_cast<void*>(segment->address);
+    if (segment.ok()) {
+      if (size != nullptr) *size = segment->size;
+      return reinterpret_cast<void*>(segment->address);
+    }
   }
   TORCH_CHECK(false, "invalid device pointer: ", ptr,
               " (torchmem's CUDA engines did not allocate it)");
@@ -409,9 +408,16 @@ void TorchmemCudaAllocatorImpl::recordStream(const c10::DataPtr& ptr,
   // Empty tensors have no block; memory torchmem did not allocate (a tensor
   // shared from another process) is not ours to track, as in PyTorch.
   if (ptr.get() == nullptr || ptr.get_deleter() != &RawDeleteCached) return;
-  const auto stream_id = reinterpret_cast<StreamId>(stream.stream());
-  for (const auto& [device, engine] : CudaEngines()) {
-    if (!engine->SegmentContaining(ptr.get()).ok()) continue;
+  const int device = CudaDeviceOwning(ptr.get());
+  Engine* engine = device < 0 ? nullptr : ExistingCudaEngine(device);
+  if (engine != nullptr) {
+    // A stream of another device keeps its device: every device's default
+    // stream is the same handle, and the event waiting for it must be
+    // recorded on that device (cuda_streams.h).
+    const StreamId stream_id =
+        stream.device_index() == device
+            ? reinterpret_cast<StreamId>(stream.stream())
+            : ForeignStreamId(stream.device_index(), stream.stream());
     absl::Status recorded = engine->RecordStream(ptr.get(), stream_id);
     TORCH_CHECK(recorded.ok(), std::string(recorded.message()));
     return;
@@ -429,9 +435,15 @@ void TorchmemCudaAllocatorImpl::EmptyCacheOf(c10::MempoolId_t pool) {
 cudaError_t TorchmemCudaAllocatorImpl::memcpyAsync(void* dst, int dst_device, const void* src,
                                                    int src_device, size_t count,
                                                    cudaStream_t stream, bool p2p_enabled) {
-  // Every torchmem segment comes from cudaMalloc, which cudaMemcpyAsync can
-  // copy between devices whether or not peer access is enabled.
-  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  // With peer access (enablePeerAccess granted it on the virtual-memory
+  // pages too) or on one device, a plain copy. Otherwise only
+  // cudaMemcpyPeerAsync reaches memory that did not come from cudaMalloc
+  // (expandable segments' pages are accessible to their own device only),
+  // as PyTorch's allocator does.
+  if (p2p_enabled || src_device == dst_device) {
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  }
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
 }
 
 void TorchmemCudaAllocatorImpl::enablePeerAccess(c10::DeviceIndex dev,
@@ -443,6 +455,14 @@ void TorchmemCudaAllocatorImpl::enablePeerAccess(c10::DeviceIndex dev,
   } else {
     C10_CUDA_CHECK(error);
   }
+  // `dev` now reads and writes dev_to_access's memory: its virtual-memory
+  // pages too, those mapped already and every later one (PyTorch's
+  // expandable segments do the same).
+  CudaBackendOf(dev_to_access).AddPeer(dev);
+  absl::Status granted = CudaEngine(dev_to_access).RefreshVirtualMemoryAccess();
+  TORCH_CHECK(granted.ok(), "torchmem: could not give cuda:", static_cast<int>(dev),
+              " access to cuda:", static_cast<int>(dev_to_access),
+              "'s expandable segments: ", std::string(granted.message()));
 }
 
 // --- out of memory ------------------------------------------------------------

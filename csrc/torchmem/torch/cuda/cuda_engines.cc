@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_format.h"
+#include "torchmem/backends/cuda_address_registry.h"
 #include "torchmem/backends/cuda_backend.h"
 #include "torchmem/core/device_engines.h"
 
@@ -15,6 +16,8 @@ namespace torchmem::torch_glue {
 namespace {
 
 std::array<std::atomic<Engine*>, kMaxCudaDevices> g_engines{};
+// Each engine's backend (set with the engine, before it is published).
+std::array<CudaBackend*, kMaxCudaDevices> g_backends{};
 std::mutex g_engines_mutex;
 std::atomic<CudaEngineInitializer> g_initializer{nullptr};
 
@@ -37,7 +40,9 @@ absl::StatusOr<Engine*> FindCudaEngine(int device) {
   std::lock_guard<std::mutex> lock(g_engines_mutex);
   engine = g_engines[device].load(std::memory_order_relaxed);
   if (engine == nullptr) {
-    engine = new Engine(std::make_unique<CudaBackend>(device));
+    auto backend = std::make_unique<CudaBackend>(device);
+    g_backends[device] = backend.get();
+    engine = new Engine(std::move(backend));
     if (CudaEngineInitializer initialize = g_initializer.load(std::memory_order_acquire)) {
       initialize(device, *engine);
     }
@@ -67,11 +72,18 @@ std::vector<std::pair<int, Engine*>> CudaEngines() {
   return engines;
 }
 
+int CudaDeviceOwning(const void* ptr) {
+  return torchmem::CudaDeviceOwning(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
 Engine* CudaEngineOwning(const void* ptr) {
-  for (const auto& [device, engine] : CudaEngines()) {
-    if (engine->SegmentContaining(ptr).ok()) return engine;
-  }
-  return nullptr;
+  const int device = CudaDeviceOwning(ptr);
+  return device < 0 ? nullptr : ExistingCudaEngine(device);
+}
+
+CudaBackend& CudaBackendOf(int device) {
+  (void)CudaEngine(device);
+  return *g_backends[device];
 }
 
 void SetCudaEngineInitializer(CudaEngineInitializer initializer) {

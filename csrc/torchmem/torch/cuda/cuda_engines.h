@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "torchmem/backends/cuda_backend.h"
 #include "torchmem/core/engine.h"
 
 namespace torchmem::torch_glue {
@@ -28,8 +29,15 @@ Engine& CudaEngine(int device);
 Engine* ExistingCudaEngine(int device);
 // (device, engine) of every engine created so far, by device.
 std::vector<std::pair<int, Engine*>> CudaEngines();
-// The engine that allocated `ptr` (a block or segment address), or nullptr.
+// The engine that allocated `ptr` (a block or segment address), or nullptr:
+// the device whose backend registered the segment or range holding it
+// (cuda_address_registry.h), so no other engine is asked or locked.
 Engine* CudaEngineOwning(const void* ptr);
+// The device of that engine, or -1.
+int CudaDeviceOwning(const void* ptr);
+// The backend under `device`'s engine (the engine is created on first use,
+// which touches no device). Raises a c10::Error on a bad index.
+CudaBackend& CudaBackendOf(int device);
 
 // Registers the engines as the "cuda" device-engine provider. Idempotent.
 void RegisterCudaEngineProvider();

@@ -53,6 +53,7 @@ CallSite* FindOrCreateLocked(Registry& r, const std::string& name) {
 
 int CallSite::Hit() {
   count.fetch_add(1, std::memory_order_relaxed);
+  modelled_ns.fetch_add(cost_ns.load(std::memory_order_relaxed), std::memory_order_relaxed);
   if (!fault_armed.load(std::memory_order_acquire)) return 0;
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -90,7 +91,38 @@ uint64_t CallCount(const char* name) {
 void ResetCallCounts() {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  for (auto& entry : r.sites) entry.second->count_at_reset.store(entry.second->count.load());
+  for (auto& entry : r.sites) {
+    entry.second->count_at_reset.store(entry.second->count.load());
+    entry.second->modelled_ns_at_reset.store(entry.second->modelled_ns.load());
+  }
+}
+
+uint64_t ModelledNs(const std::string& name) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  uint64_t total = 0;
+  for (const auto& entry : r.sites) {
+    if (!name.empty() && entry.first != name) continue;
+    total += entry.second->modelled_ns.load() - entry.second->modelled_ns_at_reset.load();
+  }
+  return total;
+}
+
+uint64_t SynchronizingCalls() {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  uint64_t total = 0;
+  for (const auto& entry : r.sites) {
+    if (!entry.second->synchronizing) continue;
+    total += entry.second->count.load() - entry.second->count_at_reset.load();
+  }
+  return total;
+}
+
+void SetCallCost(const char* name, uint64_t ns) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  FindOrCreateLocked(r, name)->cost_ns.store(ns);
 }
 
 void ArmFault(const char* name, uint64_t skip, uint64_t count, int error) {

@@ -16,12 +16,25 @@
 #include <string>
 #include <utility>
 
+#include "common/cost_model.h"
+
 namespace simcuda {
 
 // One entry point of the simulated API.
 struct CallSite {
-  explicit CallSite(std::string n) : name(std::move(n)) {}
+  explicit CallSite(std::string n) : name(std::move(n)) {
+    const CallCost cost = CostOf(name);
+    cost_ns.store(cost.ns);
+    synchronizing = cost.synchronizing;
+  }
   const std::string name;
+  // The cost model (cost_model.h): time one call would take on a GPU, the
+  // modelled time of all calls over the process's life (and at the last
+  // reset), and whether the call waits for the GPU.
+  std::atomic<uint64_t> cost_ns{0};
+  std::atomic<uint64_t> modelled_ns{0};
+  std::atomic<uint64_t> modelled_ns_at_reset{0};
+  bool synchronizing = false;
   // Calls over the process's life: the SIMCUDA_TRACE report. Never reset, so
   // a test that resets the counters does not erase what the process did.
   std::atomic<uint64_t> count{0};
@@ -42,6 +55,14 @@ CallSite* RegisterCall(const char* name);
 // never called). The reset does not change what WriteTrace reports.
 uint64_t CallCount(const char* name);
 void ResetCallCounts();
+
+// Modelled time (ns) of the calls to `name` since the last reset; of every
+// call of this library when `name` is empty.
+uint64_t ModelledNs(const std::string& name);
+// Calls since the last reset that synchronize with the GPU (cost_model.h).
+uint64_t SynchronizingCalls();
+// Replaces the modelled cost of one call of `name` from now on.
+void SetCallCost(const char* name, uint64_t ns);
 
 // Arms a fault: after `skip` further calls of `name` succeed, the next
 // `count` calls fail with `error`. Rules for one call queue in arming order.

@@ -30,11 +30,12 @@ extern "C" {
 #endif
 
 /* Whether [ptr, ptr + bytes) lies in one run of adjacent mapped pages that
- * some device may at least read (cuMemSetAccess). If so, returns 1 and sets
- * *device to the device owning the physical memory at ptr and *base / *size
- * to the whole accessible run around ptr. Returns 0 otherwise. */
-typedef int (*simcuda_mapping_lookup_fn)(uintptr_t ptr, size_t bytes, int* device, uintptr_t* base,
-                                         size_t* size);
+ * device `accessor` may at least read (cuMemSetAccess; accessor -1: any
+ * device). If so, returns 1 and sets *device to the device owning the
+ * physical memory at ptr and *base / *size to the whole accessible run
+ * around ptr. Returns 0 otherwise. */
+typedef int (*simcuda_mapping_lookup_fn)(uintptr_t ptr, size_t bytes, int accessor, int* device,
+                                         uintptr_t* base, size_t* size);
 
 int simcuda_vmm_charge(int device, unsigned long long bytes);
 void simcuda_vmm_uncharge(int device, unsigned long long bytes);

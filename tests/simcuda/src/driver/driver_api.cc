@@ -149,7 +149,11 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* a
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
   *flags = 0;
-  *active = 1;  // always active, so torch's MaybeSetDevice goes on to cudaSetDevice
+  // As the driver: active once something created the context (the runtime
+  // keeps the state, see simcuda_context_active). torch's MaybeSetDevice
+  // relies on this to avoid creating contexts on devices it only passes by.
+  auto context_active = Runtime<int (*)(int)>("simcuda_context_active");
+  *active = context_active != nullptr ? context_active(device) : 1;
   return CUDA_SUCCESS;
 }
 
@@ -157,6 +161,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   SIMCUDA_DRIVER_ENTER();
   if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
+  // Retaining creates the primary context (the runtime counts it).
+  if (auto init = Runtime<int (*)(int, unsigned int, unsigned int)>("cudaInitDevice")) {
+    if (init(device, 0, 0) != 0) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // exclusive mode
+  }
   *context = simcuda::drv::PrimaryContext(device);
   return CUDA_SUCCESS;
 }

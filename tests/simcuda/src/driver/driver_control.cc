@@ -44,6 +44,18 @@ unsigned long long simcuda_driver_call_count(const char* call) {
 
 void simcuda_driver_reset_call_counts(void) { simcuda::ResetCallCounts(); }
 
+unsigned long long simcuda_driver_modelled_ns(const char* call) {
+  return simcuda::ModelledNs(call == nullptr ? std::string() : std::string(call));
+}
+
+unsigned long long simcuda_driver_synchronizing_calls(void) {
+  return simcuda::SynchronizingCalls();
+}
+
+void simcuda_driver_set_call_cost(const char* call, unsigned long long ns) {
+  simcuda::SetCallCost(call, ns);
+}
+
 int simcuda_driver_write_trace(const char* path) { return simcuda::WriteTrace(path) ? 0 : 1; }
 
 void simcuda_driver_vmm_stats(simcuda_vmm_stats_t* stats) {

@@ -49,8 +49,9 @@ void Uncharge(int device, size_t bytes) {
 
 // The runtime asks this for pointers it did not allocate (copies,
 // cudaPointerGetAttributes). Installed when the first mapping is made.
-int LookupForRuntime(uintptr_t ptr, size_t bytes, int* device, uintptr_t* base, size_t* size) {
-  return VirtualMemory::Get().FindAccessible(ptr, bytes, device, base, size) ? 1 : 0;
+int LookupForRuntime(uintptr_t ptr, size_t bytes, int accessor, int* device, uintptr_t* base,
+                     size_t* size) {
+  return VirtualMemory::Get().FindAccessible(ptr, bytes, accessor, device, base, size) ? 1 : 0;
 }
 
 void InstallRuntimeLookup() {
@@ -391,8 +392,8 @@ bool VirtualMemory::MappingRange(uintptr_t ptr, uintptr_t* base, size_t* size) {
   return true;
 }
 
-bool VirtualMemory::FindAccessible(uintptr_t ptr, size_t bytes, int* device, uintptr_t* base,
-                                   size_t* size) {
+bool VirtualMemory::FindAccessible(uintptr_t ptr, size_t bytes, int accessor, int* device,
+                                   uintptr_t* base, size_t* size) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = mappings_.upper_bound(ptr);
   if (it == mappings_.begin()) return false;
@@ -402,8 +403,13 @@ bool VirtualMemory::FindAccessible(uintptr_t ptr, size_t bytes, int* device, uin
   *base = it->first;
   uintptr_t end = it->first;
   const uintptr_t want = ptr + std::max<size_t>(bytes, 1);
-  // Walk adjacent readable mappings until the range is covered.
-  while (it != mappings_.end() && it->first == end && HostProtection(it->second) != PROT_NONE) {
+  // Walk adjacent mappings the accessor may read until the range is covered.
+  auto readable = [accessor](const Mapping& m) {
+    if (accessor < 0) return HostProtection(m) != PROT_NONE;
+    auto access = m.access.find(accessor);
+    return access != m.access.end() && access->second != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  };
+  while (it != mappings_.end() && it->first == end && readable(it->second)) {
     end += it->second.size;
     if (end >= want) break;
     ++it;

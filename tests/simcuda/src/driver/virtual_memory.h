@@ -85,10 +85,12 @@ class VirtualMemory {
   // The mapping containing `ptr` (cuMemGetAddressRange).
   bool MappingRange(uintptr_t ptr, uintptr_t* base, size_t* size);
 
-  // Whether [ptr, ptr + bytes) lies in adjacent mappings that some device
-  // may read; if so, the device of the allocation at `ptr` and the run of
-  // such mappings from the one containing `ptr` up to (at least) ptr + bytes.
-  bool FindAccessible(uintptr_t ptr, size_t bytes, int* device, uintptr_t* base, size_t* size);
+  // Whether [ptr, ptr + bytes) lies in adjacent mappings that device
+  // `accessor` (-1: some device) may read; if so, the device of the
+  // allocation at `ptr` and the run of such mappings from the one containing
+  // `ptr` up to (at least) ptr + bytes.
+  bool FindAccessible(uintptr_t ptr, size_t bytes, int accessor, int* device, uintptr_t* base,
+                      size_t* size);
 
   VmmCounts Counts();
 

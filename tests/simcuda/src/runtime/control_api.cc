@@ -141,6 +141,39 @@ void simcuda_reset_call_counts(void) {
   if (auto reset = DriverControl<void (*)()>("simcuda_driver_reset_call_counts")) reset();
 }
 
+unsigned long long simcuda_modelled_ns(const char* call) {
+  auto driver_ns = DriverControl<unsigned long long (*)(const char*)>("simcuda_driver_modelled_ns");
+  if (call == nullptr) return simcuda::ModelledNs("") + (driver_ns ? driver_ns(nullptr) : 0);
+  if (simcuda::IsDriverCallName(call)) return driver_ns ? driver_ns(call) : 0;
+  return simcuda::ModelledNs(call);
+}
+
+unsigned long long simcuda_synchronizing_calls(void) {
+  auto driver = DriverControl<unsigned long long (*)()>("simcuda_driver_synchronizing_calls");
+  return simcuda::SynchronizingCalls() + (driver ? driver() : 0);
+}
+
+int simcuda_set_call_cost(const char* call, unsigned long long ns) {
+  if (call == nullptr) return cudaErrorInvalidValue;
+  if (simcuda::IsDriverCallName(call)) {
+    auto set = DriverControl<void (*)(const char*, unsigned long long)>(
+        "simcuda_driver_set_call_cost");
+    if (set == nullptr) return cudaErrorNotSupported;
+    set(call, ns);
+    return cudaSuccess;
+  }
+  simcuda::SetCallCost(call, ns);
+  return cudaSuccess;
+}
+
+int simcuda_context_active(int device) { return Machine::Get().ContextActive(device) ? 1 : 0; }
+
+int simcuda_context_count(void) { return Machine::Get().ContextCount(); }
+
+void simcuda_set_exclusive_process_dir(const char* dir) {
+  Machine::Get().SetExclusiveProcessDir(dir == nullptr ? std::string() : std::string(dir));
+}
+
 int simcuda_write_trace(const char* path) {
   if (path == nullptr || !simcuda::WriteTrace(path)) return cudaErrorInvalidValue;
   if (auto write = DriverControl<int (*)(const char*)>("simcuda_driver_write_trace")) {

@@ -18,23 +18,40 @@ using simcuda::rt::Result;
 
 namespace {
 
+// The device that executes work on `stream` (its own device; the current
+// device for the default streams and for handles the machine rejects, which
+// the submission then reports).
+int ExecutingDevice(cudaStream_t stream) {
+  CUstream_st* s = nullptr;
+  if (Machine::Get().ResolveStream(stream, CurrentDevice(), &s) == cudaSuccess) return s->device;
+  return CurrentDevice();
+}
+
 // Checks a copy that touches `dst_span` bytes at dst and `src_span` at src:
-// the sides the kind calls "device" must lie inside one simulated allocation.
+// the sides the kind calls "device" must lie inside one simulated allocation,
+// and pages the driver mapped must grant access to the device that touches
+// them (`dst_accessor`, `src_accessor`): the device executing the copy, or
+// each side's own device for peer copies.
 cudaError_t CheckSpans(void* dst, size_t dst_span, const void* src, size_t src_span,
-                       cudaMemcpyKind kind) {
+                       cudaMemcpyKind kind, int dst_accessor, int src_accessor) {
   if (dst_span == 0 && src_span == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
   Machine& m = Machine::Get();
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (dst_device && m.CheckDeviceRange(dst, dst_span) != cudaSuccess) return cudaErrorInvalidValue;
-  if (src_device && m.CheckDeviceRange(src, src_span) != cudaSuccess) return cudaErrorInvalidValue;
+  if (dst_device && m.CheckDeviceRange(dst, dst_span, dst_accessor) != cudaSuccess) {
+    return cudaErrorInvalidValue;
+  }
+  if (src_device && m.CheckDeviceRange(src, src_span, src_accessor) != cudaSuccess) {
+    return cudaErrorInvalidValue;
+  }
   return cudaSuccess;
 }
 
-cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return CheckSpans(dst, bytes, src, bytes, kind);
+cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                      int dst_accessor, int src_accessor) {
+  return CheckSpans(dst, bytes, src, bytes, kind, dst_accessor, src_accessor);
 }
 
 // A 2D copy: `height` rows of `width` bytes, rows `dpitch` / `spitch` apart.
@@ -42,7 +59,8 @@ cudaError_t Check2D(void* dst, size_t dpitch, const void* src, size_t spitch, si
                     size_t height, cudaMemcpyKind kind) {
   if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
   if (height == 0 || width == 0) return cudaSuccess;
-  return CheckSpans(dst, (height - 1) * dpitch + width, src, (height - 1) * spitch + width, kind);
+  return CheckSpans(dst, (height - 1) * dpitch + width, src, (height - 1) * spitch + width, kind,
+                    CurrentDevice(), CurrentDevice());
 }
 
 void Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
@@ -53,8 +71,9 @@ void Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t wid
   }
 }
 
-cudaError_t SyncCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  cudaError_t err = CheckCopy(dst, src, bytes, kind);
+cudaError_t SyncCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                     int dst_accessor, int src_accessor) {
+  cudaError_t err = CheckCopy(dst, src, bytes, kind, dst_accessor, src_accessor);
   if (err != cudaSuccess) return err;
   err = Machine::Get().CheckUnsafeCall(simcuda::rt::ThreadCaptureMode());
   if (err != cudaSuccess) return err;
@@ -64,8 +83,8 @@ cudaError_t SyncCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind ki
 }
 
 cudaError_t AsyncCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                      cudaStream_t stream) {
-  cudaError_t err = CheckCopy(dst, src, bytes, kind);
+                      cudaStream_t stream, int dst_accessor, int src_accessor) {
+  cudaError_t err = CheckCopy(dst, src, bytes, kind, dst_accessor, src_accessor);
   if (err != cudaSuccess) return err;
   bool captured = false;
   auto effect = [dst, src, bytes] {
@@ -78,7 +97,7 @@ cudaError_t AsyncCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
 
 cudaError_t CheckSet(void* dst, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
-  return Machine::Get().CheckDeviceRange(dst, bytes);
+  return Machine::Get().CheckDeviceRange(dst, bytes, CurrentDevice());
 }
 
 cudaError_t SymbolRange(const void* symbol, size_t count, size_t offset, char** address) {
@@ -95,25 +114,27 @@ extern "C" {
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   SIMCUDA_ENTER();
-  return Result(SyncCopy(dst, src, count, kind));
+  return Result(SyncCopy(dst, src, count, kind, CurrentDevice(), CurrentDevice()));
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   SIMCUDA_ENTER();
-  return Result(AsyncCopy(dst, src, count, kind, stream));
+  const int executing = ExecutingDevice(stream);
+  return Result(AsyncCopy(dst, src, count, kind, stream, executing, executing));
 }
 
 cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_device,
                            size_t count) {
   SIMCUDA_ENTER();
-  return Result(SyncCopy(dst, src, count, cudaMemcpyDeviceToDevice));
+  return Result(SyncCopy(dst, src, count, cudaMemcpyDeviceToDevice, dst_device, src_device));
 }
 
 cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device,
                                 size_t count, cudaStream_t stream) {
   SIMCUDA_ENTER();
-  return Result(AsyncCopy(dst, src, count, cudaMemcpyDeviceToDevice, stream));
+  return Result(
+      AsyncCopy(dst, src, count, cudaMemcpyDeviceToDevice, stream, dst_device, src_device));
 }
 
 cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,

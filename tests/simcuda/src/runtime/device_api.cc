@@ -63,13 +63,18 @@ cudaError_t cudaSetDevice(int device) {
   if (!Machine::Get().ValidDevice(device)) {
     return Result(Machine::Get().DeviceCount() == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
   }
+  // Since CUDA 12, cudaSetDevice initializes the device's primary context.
+  if (const cudaError_t err = Machine::Get().EnsureContext(device); err != cudaSuccess) {
+    return Result(err);
+  }
   simcuda::rt::SetCurrentDevice(device);
   return cudaSuccess;
 }
 
 cudaError_t cudaInitDevice(int device, unsigned int device_flags, unsigned int flags) {
   SIMCUDA_ENTER();
-  return Result(Machine::Get().ValidDevice(device) ? cudaSuccess : cudaErrorInvalidDevice);
+  if (!Machine::Get().ValidDevice(device)) return Result(cudaErrorInvalidDevice);
+  return Result(Machine::Get().EnsureContext(device));
 }
 
 cudaError_t cudaSetDeviceFlags(unsigned int flags) {
@@ -154,6 +159,9 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   if (flags != 0) return Result(cudaErrorInvalidValue);
   const int device = CurrentDevice();
   if (!Machine::Get().ValidDevice(peer) || peer == device) return Result(cudaErrorInvalidDevice);
+  if (const cudaError_t err = Machine::Get().EnsureContext(device); err != cudaSuccess) {
+    return Result(err);
+  }
   auto& s = simcuda::rt::Settings();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.peer_access.insert({device, peer}).second) {
@@ -216,6 +224,9 @@ cudaError_t cudaDeviceSetCacheConfig(cudaFuncCache config) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   SIMCUDA_ENTER();
+  if (const cudaError_t err = Machine::Get().EnsureContext(CurrentDevice()); err != cudaSuccess) {
+    return Result(err);
+  }
   Machine::Get().SynchronizeDevice(CurrentDevice());
   return cudaSuccess;
 }

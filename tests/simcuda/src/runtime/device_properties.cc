@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "runtime/machine.h"
+
 namespace simcuda {
 namespace rt {
 
@@ -97,7 +99,10 @@ bool DeviceAttribute(const cudaDeviceProp& p, int attr, int* value) {
     case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
     case cudaDevAttrIntegrated: *value = p.integrated; break;
     case cudaDevAttrCanMapHostMemory: *value = p.canMapHostMemory; break;
-    case cudaDevAttrComputeMode: *value = cudaComputeModeDefault; break;
+    case cudaDevAttrComputeMode:
+      *value = Machine::Get().ExclusiveProcessMode() ? cudaComputeModeExclusiveProcess
+                                                     : cudaComputeModeDefault;
+      break;
     case cudaDevAttrConcurrentKernels: *value = p.concurrentKernels; break;
     case cudaDevAttrEccEnabled: *value = p.ECCEnabled; break;
     case cudaDevAttrPciBusId: *value = p.pciBusID; break;

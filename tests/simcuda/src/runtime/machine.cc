@@ -59,6 +59,7 @@ Machine::Machine() {
       std::fprintf(stderr, "simcuda: ignoring SIMCUDA_EVENT_MODE=%s\n", env);
     }
   }
+  if (const char* env = std::getenv("SIMCUDA_EXCLUSIVE_PROCESS_DIR")) exclusive_dir_ = env;
   initial_mode_ = mode_;
   initial_capacities_ = capacities;
   SetDeviceCount(count);

@@ -133,6 +133,10 @@ struct DeviceState {
   uint64_t peak = 0;
   uint64_t live_allocations = 0;
   std::unique_ptr<CUstream_st> legacy_stream;
+  // The primary context (see Machine::EnsureContext); in EXCLUSIVE_PROCESS
+  // mode, the descriptor holding the device's lock file while it exists.
+  bool context = false;
+  int exclusive_lock_fd = -1;
 };
 
 class Machine {
@@ -154,6 +158,21 @@ class Machine {
   uint64_t PeakBytes(int device);
   uint64_t LiveAllocations(int device);
   void ResetPeak(int device);
+
+  // --- Contexts (machine_context.cc) -------------------------------------
+  // Creates `device`'s primary context if it has none, as the first runtime
+  // call that needs it does on a GPU (cudaSetDevice, allocation, streams,
+  // events, work, cudaMemGetInfo, ...; not device counts, properties or
+  // attributes). In EXCLUSIVE_PROCESS mode (SIMCUDA_EXCLUSIVE_PROCESS_DIR)
+  // a device whose context another process holds gives
+  // cudaErrorDevicesUnavailable, as CUDA does.
+  cudaError_t EnsureContext(int device);
+  bool ContextActive(int device);
+  int ContextCount();
+  bool ExclusiveProcessMode();
+  // Switches EXCLUSIVE_PROCESS mode on (lock files in `dir`) or off (empty).
+  // Contexts that exist stay as they are.
+  void SetExclusiveProcessDir(const std::string& dir);
 
   // --- Memory (machine_memory.cc) ---------------------------------------
   cudaError_t AllocateDevice(int device, size_t size, MemoryKind kind, void** ptr);
@@ -190,7 +209,9 @@ class Machine {
   cudaError_t OpenSharedEvent(const cudaIpcEventHandle_t& handle, int device, cudaEvent_t* out);
   // cudaSuccess if [ptr, ptr + bytes) lies inside one allocation that a
   // device can address (device, managed or pinned/registered host memory).
-  cudaError_t CheckDeviceRange(const void* ptr, size_t bytes);
+  // Pages the driver mapped must also grant device `accessor` access
+  // (cuMemSetAccess; -1: any device), as a GPU faults otherwise.
+  cudaError_t CheckDeviceRange(const void* ptr, size_t bytes, int accessor = -1);
 
   // --- Streams and events (machine_work.cc) ------------------------------
   EventMode mode();
@@ -251,8 +272,9 @@ class Machine {
 
   // Pages the driver mapped (cuMemMap) covering [ptr, ptr + bytes), readable
   // by some device, as one device allocation.
-  bool LookupMapped(const void* ptr, size_t bytes, Allocation* out);
+  bool LookupMapped(const void* ptr, size_t bytes, int accessor, Allocation* out);
   DeviceState* DeviceLocked(int device);
+  cudaError_t EnsureContextLocked(int device);
   CUstream_st* StreamByIdLocked(uint64_t id);
   cudaError_t ResolveLocked(cudaStream_t handle, int device, CUstream_st** out);
   CUstream_st* PerThreadStreamLocked(int device);
@@ -274,6 +296,7 @@ class Machine {
   std::vector<std::unique_ptr<DeviceState>> devices_;  // only grows
   int visible_devices_ = 0;                              // the device count
   uint64_t default_capacity_ = kDefaultCapacity;
+  std::string exclusive_dir_;  // SIMCUDA_EXCLUSIVE_PROCESS_DIR; empty: DEFAULT mode
   std::map<uintptr_t, Allocation> allocations_;
   std::unordered_map<uint64_t, CUstream_st*> streams_;      // live, by id
   std::unordered_set<const void*> user_streams_;            // live handles

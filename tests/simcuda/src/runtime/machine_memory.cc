@@ -38,6 +38,7 @@ cudaError_t Machine::AllocateDevice(int device, size_t size, MemoryKind kind, vo
     std::lock_guard<std::mutex> lock(mu_);
     DeviceState* d = DeviceLocked(device);
     if (d == nullptr) return cudaErrorInvalidDevice;
+    if (const cudaError_t err = EnsureContextLocked(device); err != cudaSuccess) return err;
     if (charge > d->capacity - std::min(d->capacity, d->used)) return cudaErrorMemoryAllocation;
     d->used += charge;  // reserve before mapping, outside the lock
   }
@@ -186,10 +187,10 @@ bool Machine::LookupOwn(const void* ptr, Allocation* out) {
 }
 
 bool Machine::Lookup(const void* ptr, Allocation* out) {
-  return LookupOwn(ptr, out) || LookupMapped(ptr, 1, out);
+  return LookupOwn(ptr, out) || LookupMapped(ptr, 1, -1, out);
 }
 
-bool Machine::LookupMapped(const void* ptr, size_t bytes, Allocation* out) {
+bool Machine::LookupMapped(const void* ptr, size_t bytes, int accessor, Allocation* out) {
   // Pages the driver mapped, asked without our lock (the driver calls into
   // the runtime while holding its own).
   simcuda_mapping_lookup_fn lookup = mapping_lookup_.load(std::memory_order_acquire);
@@ -197,7 +198,7 @@ bool Machine::LookupMapped(const void* ptr, size_t bytes, Allocation* out) {
   uintptr_t base = 0;
   size_t size = 0;
   if (lookup == nullptr ||
-      !lookup(reinterpret_cast<uintptr_t>(ptr), bytes, &device, &base, &size)) {
+      !lookup(reinterpret_cast<uintptr_t>(ptr), bytes, accessor, &device, &base, &size)) {
     return false;
   }
   *out = Allocation();
@@ -212,11 +213,12 @@ void Machine::SetMappingLookup(simcuda_mapping_lookup_fn lookup) {
   mapping_lookup_.store(lookup, std::memory_order_release);
 }
 
-cudaError_t Machine::CheckDeviceRange(const void* ptr, size_t bytes) {
+cudaError_t Machine::CheckDeviceRange(const void* ptr, size_t bytes, int accessor) {
   Allocation a;
   if (!LookupOwn(ptr, &a)) {
-    // Mapped pages may span several mappings: the driver checks the range.
-    return LookupMapped(ptr, bytes, &a) ? cudaSuccess : cudaErrorInvalidValue;
+    // Mapped pages may span several mappings: the driver checks the range
+    // and the accessor's access to every page of it.
+    return LookupMapped(ptr, bytes, accessor, &a) ? cudaSuccess : cudaErrorInvalidValue;
   }
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   if (p + bytes > a.base + a.size) return cudaErrorInvalidValue;

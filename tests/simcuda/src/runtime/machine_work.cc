@@ -56,6 +56,8 @@ cudaError_t Machine::ResolveLocked(cudaStream_t handle, int device, CUstream_st*
   if (handle == nullptr || handle == cudaStreamLegacy || handle == cudaStreamPerThread) {
     DeviceState* d = DeviceLocked(device);
     if (d == nullptr) return cudaErrorInvalidDevice;
+    // Work on the current device's default stream needs its context.
+    if (const cudaError_t err = EnsureContextLocked(device); err != cudaSuccess) return err;
     *out = handle == cudaStreamPerThread ? PerThreadStreamLocked(device) : d->legacy_stream.get();
     return cudaSuccess;
   }
@@ -73,6 +75,7 @@ cudaError_t Machine::CreateStream(int device, unsigned int flags, int priority,
                                   cudaStream_t* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (DeviceLocked(device) == nullptr) return cudaErrorInvalidDevice;
+  if (const cudaError_t err = EnsureContextLocked(device); err != cudaSuccess) return err;
   auto* s = new CUstream_st;
   s->id = next_stream_id_++;
   s->device = device;
@@ -244,6 +247,7 @@ uint64_t Machine::PendingWorkCount(cudaStream_t handle, int device) {
 cudaError_t Machine::CreateEvent(int device, unsigned int flags, cudaEvent_t* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (DeviceLocked(device) == nullptr) return cudaErrorInvalidDevice;
+  if (const cudaError_t err = EnsureContextLocked(device); err != cudaSuccess) return err;
   auto* e = new CUevent_st;
   e->device = device;
   e->flags = flags;

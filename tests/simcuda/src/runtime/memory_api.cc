@@ -44,6 +44,9 @@ cudaError_t cudaFree(void* dev_ptr) {
   SIMCUDA_ENTER();
   cudaError_t err = Machine::Get().CheckUnsafeCall(simcuda::rt::ThreadCaptureMode());
   if (err != cudaSuccess) return Result(err);
+  // cudaFree(nullptr) is the usual way to create the current device's context.
+  err = Machine::Get().EnsureContext(CurrentDevice());
+  if (err != cudaSuccess) return Result(err);
   return Result(Machine::Get().FreeDevice(dev_ptr));
 }
 
@@ -122,6 +125,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   Machine& m = Machine::Get();
   const int device = CurrentDevice();
   if (!m.ValidDevice(device)) return Result(cudaErrorInvalidDevice);
+  if (const cudaError_t err = m.EnsureContext(device); err != cudaSuccess) return Result(err);
   const uint64_t capacity = m.Capacity(device);
   const uint64_t used = m.UsedBytes(device);
   if (free != nullptr) *free = used < capacity ? capacity - used : 0;

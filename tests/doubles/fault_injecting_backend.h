@@ -27,8 +27,8 @@
 //   - the same seed and the same sequence of calls give the same failures.
 // Thread-safe: controls and observations may be used while an engine calls
 // the backend. The wrapped backend is called without the decorator's lock.
-#ifndef TORCHMEM_BACKENDS_FAULT_INJECTING_BACKEND_H_
-#define TORCHMEM_BACKENDS_FAULT_INJECTING_BACKEND_H_
+#ifndef TORCHMEM_TESTS_DOUBLES_FAULT_INJECTING_BACKEND_H_
+#define TORCHMEM_TESTS_DOUBLES_FAULT_INJECTING_BACKEND_H_
 
 #include <array>
 #include <cstddef>
@@ -75,19 +75,30 @@ inline constexpr std::array<BackendCall, 7> kSegmentBackendCalls = {
 };
 // The virtual-memory calls (the virtual-memory placement makes these too).
 inline constexpr std::array<BackendCall, 8> kVirtualMemoryBackendCalls = {
-    BackendCall::kVirtualMemoryPageSize, BackendCall::kReserveAddressRange,
-    BackendCall::kReleaseAddressRange,   BackendCall::kCreatePhysicalPage,
-    BackendCall::kReleasePhysicalPage,   BackendCall::kMapPage,
-    BackendCall::kSetAccess,             BackendCall::kUnmapPages,
+    BackendCall::kVirtualMemoryPageSize,
+    BackendCall::kReserveAddressRange,
+    BackendCall::kReleaseAddressRange,
+    BackendCall::kCreatePhysicalPage,
+    BackendCall::kReleasePhysicalPage,
+    BackendCall::kMapPage,
+    BackendCall::kSetAccess,
+    BackendCall::kUnmapPages,
 };
 inline constexpr std::array<BackendCall, kNumBackendCalls> kAllBackendCalls = {
-    BackendCall::kAllocateSegment,       BackendCall::kReleaseSegment,
-    BackendCall::kCapacity,              BackendCall::kCheckSegmentAllocationAllowed,
-    BackendCall::kRecordEvent,           BackendCall::kQueryEvent,
-    BackendCall::kSynchronizeEvent,      BackendCall::kVirtualMemoryPageSize,
-    BackendCall::kReserveAddressRange,   BackendCall::kReleaseAddressRange,
-    BackendCall::kCreatePhysicalPage,    BackendCall::kReleasePhysicalPage,
-    BackendCall::kMapPage,               BackendCall::kSetAccess,
+    BackendCall::kAllocateSegment,
+    BackendCall::kReleaseSegment,
+    BackendCall::kCapacity,
+    BackendCall::kCheckSegmentAllocationAllowed,
+    BackendCall::kRecordEvent,
+    BackendCall::kQueryEvent,
+    BackendCall::kSynchronizeEvent,
+    BackendCall::kVirtualMemoryPageSize,
+    BackendCall::kReserveAddressRange,
+    BackendCall::kReleaseAddressRange,
+    BackendCall::kCreatePhysicalPage,
+    BackendCall::kReleasePhysicalPage,
+    BackendCall::kMapPage,
+    BackendCall::kSetAccess,
     BackendCall::kUnmapPages,
 };
 
@@ -184,4 +195,4 @@ class FaultInjectingBackend final : public Backend {
 
 }  // namespace torchmem
 
-#endif  // TORCHMEM_BACKENDS_FAULT_INJECTING_BACKEND_H_
+#endif  // TORCHMEM_TESTS_DOUBLES_FAULT_INJECTING_BACKEND_H_

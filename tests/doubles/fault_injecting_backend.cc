@@ -1,4 +1,4 @@
-#include "torchmem/backends/fault_injecting_backend.h"
+#include "doubles/fault_injecting_backend.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -296,9 +296,8 @@ absl::Status FaultInjectingBackend::ReleasePhysicalPage(PhysicalPage page) {
 }
 
 absl::Status FaultInjectingBackend::MapPage(std::uintptr_t address, PhysicalPage page) {
-  if (absl::Status injected =
-          Enter(BackendCall::kMapPage,
-                [&] { return absl::StrFormat("page %d at %#x", page, address); });
+  if (absl::Status injected = Enter(
+          BackendCall::kMapPage, [&] { return absl::StrFormat("page %d at %#x", page, address); });
       !injected.ok()) {
     return injected;
   }
@@ -306,9 +305,8 @@ absl::Status FaultInjectingBackend::MapPage(std::uintptr_t address, PhysicalPage
 }
 
 absl::Status FaultInjectingBackend::SetAccess(std::uintptr_t address, std::size_t size) {
-  if (absl::Status injected =
-          Enter(BackendCall::kSetAccess,
-                [&] { return absl::StrFormat("%#x, size %d", address, size); });
+  if (absl::Status injected = Enter(BackendCall::kSetAccess,
+                                    [&] { return absl::StrFormat("%#x, size %d", address, size); });
       !injected.ok()) {
     return injected;
   }

@@ -1,10 +1,10 @@
-#include "torchmem/backends/controlled_backend.h"
+#include "doubles/controlled_backend.h"
 
 #include <memory>
 
 #include "absl/strings/match.h"
+#include "doubles/fault_injecting_backend.h"
 #include "gtest/gtest.h"
-#include "torchmem/backends/fault_injecting_backend.h"
 
 namespace torchmem {
 namespace {

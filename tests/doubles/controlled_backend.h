@@ -21,16 +21,16 @@
 // Invariants: live segments never overlap; their total never exceeds the
 // capacity set when they were obtained; fake addresses are never reused.
 // Thread-safe: the controls may be called while an engine uses the backend.
-#ifndef TORCHMEM_BACKENDS_CONTROLLED_BACKEND_H_
-#define TORCHMEM_BACKENDS_CONTROLLED_BACKEND_H_
+#ifndef TORCHMEM_TESTS_DOUBLES_CONTROLLED_BACKEND_H_
+#define TORCHMEM_TESTS_DOUBLES_CONTROLLED_BACKEND_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "torchmem/core/mutex.h"
 #include "torchmem/core/backend.h"
+#include "torchmem/core/mutex.h"
 
 namespace torchmem {
 
@@ -62,7 +62,7 @@ class ControlledBackend final : public Backend {
   std::size_t live_segment_bytes() const;
   std::int64_t live_segments() const;
   std::int64_t live_events() const;
-  std::int64_t live_pages() const;     // physical pages created, not released
+  std::int64_t live_pages() const;  // physical pages created, not released
   std::int64_t mapped_pages() const;
   std::int64_t reserved_ranges() const;
 
@@ -126,4 +126,4 @@ class ControlledBackend final : public Backend {
 
 }  // namespace torchmem
 
-#endif  // TORCHMEM_BACKENDS_CONTROLLED_BACKEND_H_
+#endif  // TORCHMEM_TESTS_DOUBLES_CONTROLLED_BACKEND_H_

@@ -1,4 +1,4 @@
-#include "torchmem/backends/controlled_backend.h"
+#include "doubles/controlled_backend.h"
 
 #include <sys/mman.h>
 
@@ -71,10 +71,10 @@ std::int64_t ControlledBackend::live_events() const {
 absl::Status ControlledBackend::CheckFits(std::size_t size) const {
   // Written so that no sum can overflow, whatever the capacity and size.
   if (live_bytes_ > options_.capacity_bytes || size > options_.capacity_bytes - live_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s is full: %s of %s in use", options_.device_name,
-        FormatBytes(static_cast<std::int64_t>(live_bytes_)),
-        FormatBytes(static_cast<std::int64_t>(options_.capacity_bytes))));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s is full: %s of %s in use", options_.device_name,
+                        FormatBytes(static_cast<std::int64_t>(live_bytes_)),
+                        FormatBytes(static_cast<std::int64_t>(options_.capacity_bytes))));
   }
   return absl::OkStatus();
 }
@@ -198,14 +198,14 @@ absl::StatusOr<std::uintptr_t> ControlledBackend::ReserveAddressRange(std::size_
   MutexLock lock(&mutex_);
   const std::size_t page = options_.vmm_page_size;
   if (page == 0 || size == 0 || size % page != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ReserveAddressRange(%d): not a positive multiple of the page size", size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReserveAddressRange(%d): not a positive multiple of the page size", size));
   }
   std::uintptr_t address = 0;
   if (options_.real_memory) {
     // Over-reserve by a page to align the range to a page.
-    void* memory = mmap(nullptr, size + page, PROT_NONE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* memory =
+        mmap(nullptr, size + page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (memory == MAP_FAILED) return absl::ResourceExhaustedError("mmap of a range failed");
     const auto raw = reinterpret_cast<std::uintptr_t>(memory);
     address = (raw + page - 1) / page * page;
@@ -229,8 +229,8 @@ absl::Status ControlledBackend::ReleaseAddressRange(std::uintptr_t address, std:
   }
   for (const auto& [mapped, mapping] : mappings_) {
     if (mapped >= address && mapped < address + size) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "ReleaseAddressRange(%#x): page %#x is still mapped", address, mapped));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("ReleaseAddressRange(%#x): page %#x is still mapped", address, mapped));
     }
   }
   if (options_.real_memory) munmap(reinterpret_cast<void*>(address), size);
@@ -251,11 +251,12 @@ absl::Status ControlledBackend::ReleasePhysicalPage(PhysicalPage page) {
   MutexLock lock(&mutex_);
   auto it = pages_.find(page);
   if (it == pages_.end()) {
-    return absl::InvalidArgumentError(absl::StrFormat("ReleasePhysicalPage(%d): no such page", page));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReleasePhysicalPage(%d): no such page", page));
   }
   if (it->second != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "ReleasePhysicalPage(%d): still mapped at %#x", page, it->second));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("ReleasePhysicalPage(%d): still mapped at %#x", page, it->second));
   }
   pages_.erase(it);
   live_bytes_ -= options_.vmm_page_size;
