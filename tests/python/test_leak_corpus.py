@@ -31,35 +31,14 @@ import runner  # noqa: E402
 # state); on CPU for every scenario it applies to. The documented table runs it for all.
 CUDA_RUN = ("loss_history_keeps_graphs", "composer_deepcopy_metrics", "optimizer_state_first_step")
 
-# Issue 23's rows (/work/team/issue23.md; the issue's table and "What to build").
-ROW_RUN_STEPS = "issue 23 row 3 (`run` has no notion of steps: per-step growth in a global is 'no leaks' at exit)"
-ROW_IMPORT_TIME = "issue 23 row 2 (`run` reports a library's import-time constant, chrf._EPS_SMOOTHING, as a leak)"
-ROW_GROWTH_INTERMITTENT = "issue 23 row 4 (GrowthMonitor: one flat step ends a trend; growth every other step unseen)"
-ROW_GROWTH_ALMOST = "issue 23 row 5 (GrowthMonitor: kept on every step but one gives has_growth=False)"
-ROW_REUSED_CHECK = "issue 23 row 'reused check' (one by-design cycle per call counted from the second call on)"
-ROW_CLASS_ROOT = ("issue 23 row 'class attribute' (instances sharing a class-level dict: "
-                  "'no named root found above it' instead of GradientState._shared_state)")
-
-EXPECTED_FAILURES = {
-    # scenario, mode, device: the row it waits on
-    ("loss_history_keeps_graphs", "run", "cpu"): ROW_RUN_STEPS,
-    ("loss_history_keeps_graphs", "run", "cuda"): ROW_RUN_STEPS,
-    ("running_loss_keeps_graph_chain", "run", "cpu"): ROW_RUN_STEPS,
-    ("epoch_outputs_keep_loss", "run", "cpu"): ROW_RUN_STEPS,
-    ("log_every_other_step", "run", "cpu"): ROW_RUN_STEPS,
-    ("import_time_constant", "run", "cpu"): ROW_IMPORT_TIME,
-    ("composer_metrics_fixed", "run", "cpu"): ROW_IMPORT_TIME,
-    ("log_every_other_step", "growth", "cpu"): ROW_GROWTH_INTERMITTENT,
-    ("log_every_other_step", "growth", "cuda"): ROW_GROWTH_INTERMITTENT,
-    ("dataset_getitem_cache_almost_every_step", "growth", "cpu"): ROW_GROWTH_ALMOST,
-    ("dataset_getitem_cache_almost_every_step", "growth", "cuda"): ROW_GROWTH_ALMOST,
-    ("metric_per_evaluate_call", "leak_check", "cpu"): ROW_REUSED_CHECK,
-    ("metric_per_evaluate_call", "leak_check", "cuda"): ROW_REUSED_CHECK,
-    ("gradient_state_keeps_dataloader", "leak_check", "cpu"): ROW_CLASS_ROOT,
-    ("gradient_state_keeps_dataloader", "leak_check", "cuda"): ROW_CLASS_ROOT,
-    ("gradient_state_keeps_dataloader", "pytest", "cpu"): ROW_CLASS_ROOT,
-    ("gradient_state_keeps_dataloader", "pytest", "cuda"): ROW_CLASS_ROOT,
-}
+# The cases that fail on main because of a verdict bug being fixed under issue 23, each with
+# the row of the issue it waits on ({(scenario, mode, device): row}); strict, so a fixed case
+# fails until its line is removed. Empty since main merged issue23-checks, -growth and -run
+# (at 3fc2a7f it held 17 cases: `run` without steps (row 3) and reporting chrf's import-time
+# constant (row 2), GrowthMonitor on growth every other step (row 4) and on all steps but one
+# (row 5), the reused check counting one cycle per call, and the class-level shared dict
+# named without its root).
+EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 def _cases():

@@ -19,7 +19,8 @@ Modes, each reading what a user reads:
 Scores: verdict right (leak or clean, as the header says), allocating line right (a leaked
 block or a growing site is reported at the ``# ALLOC`` line; leak scenarios only) and owner
 right (a holder path of a block allocated there contains the header's ``owner``; leak
-scenarios, all modes but ``growth``, which names sites, not holders).
+scenarios, where the report names holders: not ``growth``, which names sites, nor ``run`` when
+the memory was freed with the script's globals and only its growth per step reports it).
 
 The leak_check and growth modes of all scenarios run in one process per device (``--worker``),
 the pytest mode in one pytest session per device, and ``run`` in one process per scenario and
@@ -62,6 +63,7 @@ class Observation:
     owners_at_alloc: list = field(default_factory=list)  # holder texts of leaked blocks allocated at the ALLOC line
     text: str = ""  # what the user read (report text, or the failure), for the table's evidence
     error: str | None = None
+    names_holders: bool = True  # False when the verdict rests on growth, which names sites only
 
 
 @dataclass
@@ -120,6 +122,7 @@ def observe_leak_reports(header, mode: str, device: str, reports: list) -> Obser
 def observe_growth(header, device: str, report) -> Observation:
     observation = Observation(header.name, "growth", device)
     observation.verdict = "leak" if report.has_growth else "clean"
+    observation.names_holders = False
     for growth in report.sites:
         if growth.frame is not None:
             observation.sites.append([Path(growth.frame.filename).name, growth.frame.line])
@@ -161,22 +164,21 @@ def observe_report_text(header, mode: str, device: str, text: str, failed: bool)
 
 
 def observe_run_json(header, device: str, data: dict) -> Observation:
-    """``python -m torchmem run --json``: the leaks at exit, and per-step growth if the JSON
-    carries any (a ``growth`` object shaped as ``GrowthReport.to_dict()``)."""
+    """``python -m torchmem run --json``: the leaks at exit, and the growth per training step
+    (``growth.report``, shaped as ``GrowthReport.to_dict()``)."""
     observation = Observation(header.name, "run", device)
     leaks = data.get("leaks") or {}
     leaked = [finding for finding in leaks.get("findings", []) if _leaked(finding)]
     _findings_observation(observation, header, leaked)
-    growing = []
-    for key in ("growth", "steps"):
-        section = data.get(key)
-        if isinstance(section, dict):
-            growing += section.get("growing", [])
+    section = data.get("growth") or {}
+    report = section.get("report") or {}  # ``run``'s growth per training step (GrowthReport.to_dict())
+    growing = [growth for growth in report.get("growing", []) if growth.get("growing", True)]
     for growth in growing:
         frame = growth.get("frame")
         if growth.get("kind") == "site" and frame:
             observation.sites.append([Path(frame["filename"]).name, frame["line"]])
     observation.verdict = "leak" if leaked or growing else "clean"
+    observation.names_holders = bool(leaked)  # memory freed with the script's globals is named by site only
     return observation
 
 
@@ -341,7 +343,8 @@ def _run_job(header, device: str, workdir: Path) -> Observation:
     """``python -m torchmem run --json`` on the scenario as a script."""
     json_path = workdir / f"run-{header.name}-{device}.json"
     command = [sys.executable, "-m", "torchmem", "run", "--device", device, "--json", str(json_path), str(header.path)]
-    result = subprocess.run(command, env=_environment(device), cwd=ROOT, capture_output=True, text=True)
+    # cwd: the work folder, which takes the files ``run`` writes by default (its capture)
+    result = subprocess.run(command, env=_environment(device), cwd=workdir, capture_output=True, text=True)
     if not json_path.exists():
         return Observation(header.name, "run", device, error=f"exit {result.returncode}, no JSON:\n{result.stderr[-3000:]}")
     observation = observe_run_json(header, device, json.loads(json_path.read_text()))
@@ -357,7 +360,7 @@ def score(header, observation: Observation) -> Score:
     line_ok = owner_ok = None
     if leak:
         line_ok = alloc in observation.sites
-        if observation.mode != "growth":
+        if observation.names_holders:
             owner_ok = any(header.owner in text for text in observation.owners_at_alloc)
     return Score(
         scenario=header.name, mode=observation.mode, device=observation.device, expected=header.verdict,
@@ -511,7 +514,8 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps([asdict(item) for item in scores], indent=1))
     if args.markdown:
         shown = ["python tests/scenarios/runner.py"] + (argv if argv is not None else sys.argv[1:])
-        shown = [part for index, part in enumerate(shown) if part != "--markdown" and shown[index - 1] != "--markdown"]
+        shown = [part for index, part in enumerate(shown)
+                 if part not in ("--markdown", "--json") and shown[index - 1] not in ("--markdown", "--json")]
         _write_markdown(Path(args.markdown), markdown(scores, " ".join(shown)))
     return 0
 
