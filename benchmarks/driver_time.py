@@ -43,7 +43,9 @@ ALLOCATORS = (
 def replay(paths: list[str], allocator: str, alloc_conf: str, warm_passes: int,
            costs: str | None) -> dict[str, dict]:
     """trace_replay_native.py's rows for one allocator, by trace name."""
-    command = [sys.executable, str(HERE / "trace_replay_native.py"), "--one-process",
+    # A process per trace: the simulated driver holds a file descriptor per physical page,
+    # and a trace's pages must not count against the next one's.
+    command = [sys.executable, str(HERE / "trace_replay_native.py"),
                "--allocator", allocator, "--alloc-conf", alloc_conf, "--repeat", "0",
                "--warm-passes", str(warm_passes), "--no-fragmentation", *paths]
     env = dict(os.environ)

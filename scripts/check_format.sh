@@ -32,6 +32,9 @@ FORMATTED_PATHS=(
   csrc/torchmem/core/engine_invariants.cc
   csrc/torchmem/core/engine_pools.cc
   csrc/torchmem/core/engine_reports.cc
+  csrc/torchmem/core/engine_scopes.cc
+  csrc/torchmem/core/engine_settings.cc
+  csrc/torchmem/core/engine_trace.cc
   csrc/torchmem/core/fork_safety.cc
   csrc/torchmem/core/fork_safety.h
   csrc/torchmem/core/format.cc

@@ -88,6 +88,11 @@ def test_the_report_loads_in_chromium_with_every_part_and_no_script_error(page):
     # Per rank: the timelines by tag and by category, two icicles; and the job's timeline per rank.
     assert drawn == 2 * 4 + 1
     assert dom.count('class="main-svg"') >= drawn  # plotly drew an SVG into every chart
+    # Every chart has a place of its own on the page (two ranks with a "cpu" each must not
+    # draw into the first rank's charts), and plotly drew into each.
+    places = re.findall(r'<div class="chart[^"]*" id="([^"]+)"', dom)
+    assert len(places) == len(set(places)) == drawn, places
+    assert len(re.findall(r'<div class="chart[^"]*js-plotly-plot[^"]*" id="', dom)) == drawn
     assert screenshot.stat().st_size > 50_000
 
     text = html.unescape(re.sub(r"<[^>]+>", " ", dom))

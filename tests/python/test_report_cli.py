@@ -222,3 +222,19 @@ def test_quiet_run_writes_the_default_capture_without_a_word(tmp_path):
     assert torchmem.load_capture(tmp_path / capture).label == "clean.py"
     named = cli("run", "-q", "--device", "cpu", "--capture", "named.tmem", "clean.py", cwd=tmp_path)
     assert f"capture written to {tmp_path / 'named.tmem'}" in named.stderr
+
+
+def test_report_of_several_captures_is_one_report_with_each_of_them(runs):
+    tmp, _, _ = runs
+    (before,) = [name for name in os.listdir(tmp) if name.startswith("torchmem-train.")]
+    text = cli("report", before, "after.tmem", cwd=tmp)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.count("torchmem capture: train.py") == 2
+    assert "48.0 KiB in 3 blocks" in text.stdout and "80.0 KiB in 5 blocks" in text.stdout
+    page = cli("report", before, "after.tmem", "--html", "both.html", cwd=tmp)
+    assert page.returncode == 0, page.stderr
+    page_text = (tmp / "both.html").read_text()
+    # Not ranks of a job: each capture by its place, with its own leaks.
+    assert "Capture #1: train.py" in page_text and "Capture #2: train.py" in page_text
+    assert "None" not in re.sub(r"<script.*?</script>", "", page_text, flags=re.S)
+    assert "48.0 KiB in 3 blocks" in page_text and "80.0 KiB in 5 blocks" in page_text

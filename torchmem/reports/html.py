@@ -74,7 +74,7 @@ def _seconds(times: list, origin: int) -> list:
 # --- charts -------------------------------------------------------------------------------
 
 
-def _timeline_figures(data: dict, device: str, replay, origin: int, colours: dict) -> list[dict]:
+def _timeline_figures(data: dict, device: str, replay, origin: int, colours: dict, prefix: str = "") -> list[dict]:
     """Memory over time: by tag (and by category when tracked), with in use and reserved lines."""
     figures = []
     samples = data.get("samples") or {}
@@ -111,7 +111,7 @@ def _timeline_figures(data: dict, device: str, replay, origin: int, colours: dic
         if not stacked and not lines:
             continue
         figures.append({
-            "id": f"timeline-{kind}-{_slug(device)}",
+            "id": f"{prefix}timeline-{kind}-{_slug(device)}",
             "title": title,
             "data": stacked + lines,
             "layout": {
@@ -201,15 +201,15 @@ def _ranks_figure(ranks: list[dict]) -> dict | None:
     lines = []
     origin = None
     replays = []
-    for rank in ranks:
+    for index, rank in enumerate(ranks):
         for device in rank["devices"]:
             replayed = _sites.replay(rank, device)
             if replayed.times:
-                replays.append((rank, device, replayed))
+                replays.append((_part_name(rank["meta"], index), device, replayed))
                 origin = replayed.times[0] if origin is None else min(origin, replayed.times[0])
-    for rank, device, replayed in replays:
+    for name, device, replayed in replays:
         t, v = _sites.downsample(replayed.times, replayed.in_use, MAX_POINTS)
-        lines.append({"type": "scatter", "mode": "lines", "name": f"rank {rank['meta'].get('rank')} {device}",
+        lines.append({"type": "scatter", "mode": "lines", "name": f"rank {name} {device}",
                       "x": _seconds(t, origin), "y": _mib(v), "line": {"shape": "hv", "width": 1.2}})
     if not lines:
         return None
@@ -355,18 +355,20 @@ def _leak_groups(leaks: dict | None) -> list[dict]:
     return ordered
 
 
-def _device_section(data: dict, device: str, origin: int, colours: dict, charts: list) -> dict:
+def _device_section(data: dict, device: str, origin: int, colours: dict, charts: list, prefix: str = "") -> dict:
+    """``prefix``: what makes this part's chart ids unique on a page of many (a job's ranks,
+    where every rank has a ``cpu``)."""
     figures = data["devices"][device]
     summary = figures["summary"]
     replayed = _sites.replay(data, device)
-    for figure in _timeline_figures(data, device, replayed, origin, colours):
-        charts.append(figure)
+    timelines = _timeline_figures(data, device, replayed, origin, colours, prefix)
+    charts.extend(timelines)
     by_live = _sites.top_sites(data, device, by="live", limit=TOP_SITES, replayed={device: replayed})
     by_peak = _sites.top_sites(data, device, by="peak", limit=TOP_SITES, replayed={device: replayed})
     icicles = []
     for stacks, kind, title in ((replayed.stack_at_peak, "peak", "Python stacks holding memory at the peak"),
                                 (_live_stacks(figures), "live", "Python stacks holding memory at the capture")):
-        figure = _icicle(data, stacks, f"icicle-{kind}-{_slug(device)}", title)
+        figure = _icicle(data, stacks, f"{prefix}icicle-{kind}-{_slug(device)}", title)
         if figure is not None:
             charts.append(figure)
             icicles.append(figure)
@@ -397,7 +399,7 @@ def _device_section(data: dict, device: str, origin: int, colours: dict, charts:
         "trace_events": replayed.events,
         "trace_recorded": figures["trace"]["recorded"],
         "stacks_captured": any(figures["blocks"]["stack"]) or any(figures["trace"]["stack"]),
-        "timelines": [f for f in charts if f["id"].startswith("timeline-") and f["id"].endswith(_slug(device))],
+        "timelines": timelines,
         "icicles": icicles,
         "by_live": _site_rows(data, by_live),
         "by_peak": _site_rows(data, by_peak) if replayed.events else [],
@@ -447,14 +449,21 @@ def _origin(data: dict) -> int:
     return min(times) if times else data.get("meta", {}).get("created_us", 0)
 
 
+def _part_name(meta: dict, index: int) -> str:
+    """A rank's number, or for captures combined that were not ranks of a job (``torchmem
+    report a.tmem b.tmem``) their place on the page."""
+    rank = meta.get("rank")
+    return str(rank) if rank is not None else f"#{index + 1}"
+
+
 def _rank_rows(ranks: list[dict]) -> list[dict]:
     rows = []
-    for rank in ranks:
+    for index, rank in enumerate(ranks):
         for device, figures in rank["devices"].items():
             summary = figures["summary"]
             leaks = (rank.get("leaks") or {}).get("report") or {}
             rows.append({
-                "rank": rank["meta"].get("rank"), "device": device,
+                "rank": _part_name(rank["meta"], index), "device": device,
                 "peak": format_bytes(summary["requested"]["peak"]),
                 "peak_reserved": format_bytes(summary["reserved"]["peak"]),
                 "free_in_cache": format_bytes(summary["fragmentation"]["free_bytes"]),
@@ -472,15 +481,16 @@ def _page(capture) -> tuple[dict, list]:
     colours: dict = {}
     parts = capture.ranks or [capture]
     ranks = []
-    for part in parts:
+    for index, part in enumerate(parts):
         part_data = part.data
         origin = _origin(part_data)
-        devices = [_device_section(part_data, name, origin, colours, charts) for name in part_data["devices"]]
+        prefix = f"part{index}-" if len(parts) > 1 else ""
+        devices = [_device_section(part_data, name, origin, colours, charts, prefix) for name in part_data["devices"]]
         leaks = part_data.get("leaks")
         groups = _leak_groups(leaks)
         ranks.append({
             "label": part.label,
-            "rank": part.meta.get("rank"),
+            "rank": _part_name(part.meta, index),
             "devices": devices,
             "leaks": leaks,
             "leak_groups": groups,

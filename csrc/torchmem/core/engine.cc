@@ -1,7 +1,11 @@
-// Engine: construction, the allocation and free paths, and the bookkeeping
-// helpers they share. Events (engine_events.cc), private pools and
-// checkpoints (engine_pools.cc), releasing cached memory (engine_cache.cc)
-// and reports (engine_reports.cc) live in their own files.
+// Engine: construction, and the fast path in one place: Allocate, Free and
+// the bookkeeping helpers they share (best fit, split and merge, accounting).
+// The other parts live in their own files (docs/engine-layout.md): events and
+// captures (engine_events.cc), private pools and checkpoints
+// (engine_pools.cc), releasing cached memory (engine_cache.cc), reports
+// (engine_reports.cc), leak-check scopes (engine_scopes.cc), settings
+// (engine_settings.cc), the allocation history (engine_trace.cc), the
+// virtual-memory placement (engine_vmm.cc), invariants (engine_invariants.cc).
 #include "torchmem/core/engine.h"
 
 #include <algorithm>
@@ -532,146 +536,9 @@ absl::Status Engine::UnknownPointerError(std::uintptr_t address) const {
       address, device_name_));
 }
 
-// --- settings ---------------------------------------------------------------
-
-void Engine::SetMemoryLimit(std::size_t bytes) {
-  MutexLock lock(&mutex_);
-  memory_limit_ = bytes;
-}
-
-absl::Status Engine::SetMemoryFraction(double fraction) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("torchmem: memory fraction must be in (0, 1], got %g", fraction));
-  }
-  MutexLock lock(&mutex_);
-  absl::StatusOr<std::size_t> capacity = backend_->Capacity();
-  if (!capacity.ok()) return capacity.status();
-  // A fraction always sets a limit: at least one byte (0 would mean "no
-  // limit"), at most the capacity (the product may round up to 2^64, which
-  // does not convert to size_t).
-  const double bytes = fraction * static_cast<double>(*capacity);
-  const std::size_t limit =
-      bytes >= static_cast<double>(*capacity) ? *capacity : static_cast<std::size_t>(bytes);
-  memory_limit_ = std::max<std::size_t>(limit, 1);
-  return absl::OkStatus();
-}
-
-std::size_t Engine::memory_limit() const {
-  MutexLock lock(&mutex_);
-  return memory_limit_;
-}
-
-absl::Status Engine::SetSizePolicy(SizePolicy policy) {
-  if (absl::Status valid = policy.Validate(); !valid.ok()) return valid;
-  MutexLock lock(&mutex_);
-  if (policy.min_block_size != policy_.min_block_size) {
-    return absl::InvalidArgumentError(
-        "torchmem: the rounding unit (min_block_size) of a live engine cannot change");
-  }
-  policy.Refresh();
-  policy_ = policy;
-  stats_.max_split_size =
-      policy_.HasMaxSplit() ? static_cast<std::int64_t>(policy_.max_split_size) : -1;
-  return absl::OkStatus();
-}
-
-void Engine::SetGarbageCollectionThreshold(double fraction) {
-  MutexLock lock(&mutex_);
-  gc_threshold_ = fraction;
-}
-
-SizePolicy Engine::policy() const {
-  MutexLock lock(&mutex_);
-  return policy_;
-}
-
-// --- tracing ----------------------------------------------------------------
-
-void Engine::Trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamId stream,
-                   ContextId context, const PrivatePool* pool, TraceLabel user_metadata) {
-  TraceEntry entry;
-  entry.action = action;
-  entry.address = address;
-  entry.size = size;
-  entry.stream = stream;
-  entry.context = context;
-  if (pool != nullptr) entry.pool = pool->id;
-  entry.time_us = TraceNowMicros();
-  entry.user_metadata = user_metadata != kNoTraceLabel ? user_metadata : TraceUserMetadata();
-  entry.compile_context = TraceCompileContext();
-  if (trace_listener_ != nullptr) trace_listener_(entry);
-  if (trace_ != nullptr && (trace_skip_mask_ >> static_cast<int>(action) & 1) == 0) {
-    trace_->Record(entry);
-  }
-}
-
-void Engine::SetTraceCapacity(std::size_t max_entries, bool clear) {
-  MutexLock lock(&mutex_);
-  if (max_entries == 0) {
-    trace_ = nullptr;
-    return;
-  }
-  std::vector<TraceEntry> kept;
-  if (!clear && trace_ != nullptr) kept = trace_->Entries();
-  trace_ = std::make_unique<TraceRing>(max_entries);
-  for (const TraceEntry& entry : kept) trace_->Record(entry);
-}
-
-void Engine::SetTraceSkipActions(std::uint32_t mask) {
-  MutexLock lock(&mutex_);
-  trace_skip_mask_ = mask;
-}
-
-void Engine::SetTraceFreeContext(bool capture_at_free) {
-  trace_free_context_.store(capture_at_free, std::memory_order_relaxed);
-}
-
-void Engine::SetContextCaptureOverride(ContextCaptureFn hook) {
-  context_capture_override_.store(hook, std::memory_order_release);
-}
-
-void Engine::SetTraceListener(TraceListener listener) {
-  MutexLock lock(&mutex_);
-  trace_listener_ = std::move(listener);
-}
-
-std::vector<TraceEntry> Engine::GetTrace() const {
-  MutexLock lock(&mutex_);
-  return trace_ == nullptr ? std::vector<TraceEntry>{} : trace_->Entries();
-}
-
-void Engine::RecordSnapshotEvent() {
-  MutexLock lock(&mutex_);
-  if (Tracing()) {
-    Trace(TraceAction::kSnapshot, 0, static_cast<std::size_t>(stats_.active_bytes.all().current), 0,
-          kNoContext, nullptr);
-  }
-}
-
-absl::Status Engine::RecordAnnotation(const void* ptr, TraceLabel label) {
-  MutexLock lock(&mutex_);
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = blocks_.find(address);
-  if (it == blocks_.end() || it->second->state != BlockState::kAllocated) {
-    return absl::NotFoundError(
-        absl::StrFormat("torchmem: cannot annotate %#x: no allocated block starts there on %s",
-                        address, device_name_));
-  }
-  if (Tracing()) {
-    const Block* block = it->second;
-    Trace(TraceAction::kAnnotate, address, block->requested_size, block->stream(), kNoContext,
-          block->owner(), label);
-  }
-  return absl::OkStatus();
-}
-
 // --- bookkeeping helpers ----------------------------------------------------
 
-StreamLists& Engine::ListsFor(StreamId stream) {
-  if (ABSL_PREDICT_TRUE(last_stream_ != nullptr && last_stream_->stream == stream)) {
-    return *last_stream_;
-  }
+StreamLists& Engine::FindOrCreateLists(StreamId stream) {
   auto [it, inserted] = streams_.try_emplace(stream, nullptr);
   if (inserted) it->second = std::make_unique<StreamLists>(stream, policy_.min_block_size);
   last_stream_ = it->second.get();
@@ -726,44 +593,6 @@ Engine::TagCounters& Engine::CountersFor(TagId tag) {
   return counters;
 }
 
-ScopeBlocks* Engine::ScopeListFor(ScopeId scope) {
-  if (last_scope_ != nullptr && last_scope_->scope == scope) return last_scope_;
-  auto it = scopes_.find(scope);
-  if (it == scopes_.end()) {
-    // A thread may still carry a scope that closed (e.g. propagated state
-    // of a finished region): such allocations are tracked by no scope.
-    if (!IsScopeOpen(scope)) return nullptr;
-    auto list = std::make_unique<ScopeBlocks>();
-    list->scope = scope;
-    it = scopes_.emplace(scope, std::move(list)).first;
-  }
-  last_scope_ = it->second.get();
-  return last_scope_;
-}
-
-void Engine::LinkToScope(Block* block, ScopeBlocks* list) {
-  block->scope_list = list;
-  block->list_prev = nullptr;
-  block->list_next = list->head;
-  if (list->head != nullptr) list->head->list_prev = block;
-  list->head = block;
-  ++list->blocks;
-}
-
-void Engine::UnlinkFromScope(Block* block) {
-  ScopeBlocks* list = block->scope_list;
-  if (list == nullptr) return;
-  if (block->list_prev != nullptr) {
-    block->list_prev->list_next = block->list_next;
-  } else {
-    list->head = block->list_next;
-  }
-  if (block->list_next != nullptr) block->list_next->list_prev = block->list_prev;
-  block->scope_list = nullptr;
-  block->list_prev = block->list_next = nullptr;
-  --list->blocks;
-}
-
 void Engine::AddInactiveSplit(const Block* block) {
   if (!CountsAsInactiveSplit(block)) return;
   InactiveSplitChange& change = inactive_split_change_[static_cast<int>(block->pool())];
@@ -806,33 +635,6 @@ BlockInfo Engine::DescribeBlock(const Block& block) {
     info.last_requested_size = block.requested_size;
   }
   return info;
-}
-
-// --- scopes -----------------------------------------------------------------
-
-ScopeSurvivors Engine::CollectScope(ScopeId scope, ScopeId parent) {
-  ScopeSurvivors survivors;
-  survivors.device = device_name_;
-  MutexLock lock(&mutex_);
-  auto it = scopes_.find(scope);
-  if (it == scopes_.end()) return survivors;
-  std::unique_ptr<ScopeBlocks> list = std::move(it->second);
-  scopes_.erase(it);
-  if (last_scope_ == list.get()) last_scope_ = nullptr;
-  ScopeBlocks* target = parent == kNoScope ? nullptr : ScopeListFor(parent);
-  for (Block* block = list->head; block != nullptr;) {
-    Block* next = block->list_next;
-    (block->state == BlockState::kAllocated ? survivors.allocated : survivors.pending)
-        .push_back(DescribeBlock(*block));
-    block->scope_list = nullptr;
-    block->list_prev = block->list_next = nullptr;
-    if (target != nullptr) LinkToScope(block, target);
-    block = next;
-  }
-  auto by_sequence = [](const BlockInfo& a, const BlockInfo& b) { return a.sequence < b.sequence; };
-  std::sort(survivors.allocated.begin(), survivors.allocated.end(), by_sequence);
-  std::sort(survivors.pending.begin(), survivors.pending.end(), by_sequence);
-  return survivors;
 }
 
 namespace internal {

@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
@@ -462,7 +463,15 @@ class Engine {
   absl::Status UnknownPointerError(std::uintptr_t address) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
-  StreamLists& ListsFor(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The default pool's lists of `stream`; the stream of the previous call is
+  // remembered, so a thread allocating on one stream finds them inline.
+  StreamLists& ListsFor(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (ABSL_PREDICT_TRUE(last_stream_ != nullptr && last_stream_->stream == stream)) {
+      return *last_stream_;
+    }
+    return FindOrCreateLists(stream);
+  }
+  StreamLists& FindOrCreateLists(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   StreamLists& PoolListsFor(PrivatePool* pool, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Drops the lists of `segment` (which is being released) if no other

@@ -37,7 +37,7 @@ class FreeSpaceCounter {
     ++stats_->free_extents;
     stats_->largest_free_extent = std::max(stats_->largest_free_extent, bytes);
     if (segment_has_live_blocks) stats_->inactive_split_bytes += bytes;
-    const int bucket = std::bit_width(static_cast<std::uint64_t>(bytes)) - 1;
+    const int bucket = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(bytes))) - 1;
     if (stats_->histogram_counts.size() <= static_cast<std::size_t>(bucket)) {
       stats_->histogram_counts.resize(bucket + 1, 0);
       stats_->histogram_bytes.resize(bucket + 1, 0);
@@ -281,6 +281,7 @@ std::string Engine::OutOfMemoryMessage(std::size_t size, std::size_t rounded,
   std::sort(live_tags.rbegin(), live_tags.rend());
   if (live_tags.size() > 5) live_tags.resize(5);
   std::vector<std::string> top_tags;
+  top_tags.reserve(live_tags.size());
   for (auto [bytes, tag] : live_tags) {
     top_tags.push_back(absl::StrFormat("%s %s (%d blocks)", TagRegistry::Name(tag),
                                        FormatBytes(bytes), tags_[tag].live_blocks));

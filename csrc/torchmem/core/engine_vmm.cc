@@ -6,7 +6,7 @@
 // Blocks are placed by page fit (page_fit.h) and always split to their
 // rounded size (sharing a page with a neighbour is where the memory comes
 // from); the pages a live block touches are mapped by the VmmSpace, which
-// steals cached pages before it creates new ones. So reserved_bytes (the
+// creates new pages, stealing cached ones only under memory pressure. So reserved_bytes (the
 // mapped pages) follows what is live rather than what was once split.
 #include <algorithm>
 #include <bit>

@@ -13,10 +13,11 @@
 //
 // Among blocks of the same size, the block of the oldest segment is handed
 // out first, then the lowest address: PyTorch 2.14's order. Its free-block set
-// compares (stream, size, segment registration counter, address); the counter
-// (`BlockComparatorSizeCounterAddress` in libc10_cuda.so, read from the
-// disassembly: the wheel ships no source) is taken from a global counter at
-// each cudaMalloc and inherited by the blocks split from that segment. Earlier
+// compares (stream, size, segment registration counter, address)
+// (`BlockComparatorSizeCounterAddress` in libc10_cuda.so); the counter is
+// taken from a global counter at each cudaMalloc and inherited by the blocks
+// split from that segment. Blocks keep a copy of it (Block::registration,
+// refreshed on Insert) so that keeping a list in order reads no segment. Earlier
 // versions broke ties by address alone; the two agree only while newer
 // segments sit at higher addresses, which a real or simulated cudaMalloc does
 // not promise (the simulated device hands out addresses top down). Each class

@@ -119,7 +119,7 @@ struct SizePolicy {
 
   // Divisions configured for the interval of `size`.
   std::size_t DivisionsFor(std::size_t size) const {
-    const int log_size = std::bit_width(size) - 1;
+    const int log_size = static_cast<int>(std::bit_width(size)) - 1;
     int index = log_size > kRoundupFirstIntervalLog2 ? log_size - kRoundupFirstIntervalLog2 : 0;
     if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
     return roundup_power2_divisions[index];

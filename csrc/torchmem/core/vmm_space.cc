@@ -229,6 +229,22 @@ absl::Status VmmSpace::GiveAccess(std::uint64_t first, std::int64_t count) {
 
 absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limits,
                                                     std::int64_t* created) {
+  // A new page while the limit and the device allow one: stealing a cached
+  // page unmaps it, which waits for its stream (cudaStreamSynchronize) and
+  // costs driver calls on every step that touches pages in another order.
+  // So cached pages move only under memory pressure: at the memory limit,
+  // or when the device has no memory left for a new page.
+  absl::Status create_error;
+  if (limits.creatable_pages < 0 || *created < limits.creatable_pages) {
+    ++counters_.creates;
+    absl::StatusOr<PhysicalPage> handle = backend_.CreatePhysicalPage();
+    if (handle.ok()) {
+      ++*created;
+      return handle;
+    }
+    if (!absl::IsResourceExhausted(handle.status())) return handle.status();
+    create_error = handle.status();  // the device is full: a cached page may do
+  }
   absl::Status steal_error;
   if (std::optional<std::uint64_t> victim = limits.may_unmap ? HighestStealable() : std::nullopt) {
     absl::StatusOr<PhysicalPage> stolen = UnmapPage(*victim);
@@ -236,15 +252,15 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
       ++counters_.steals;
       return stolen;
     }
-    steal_error = stolen.status();  // the victim stays cached; try a new page
+    steal_error = stolen.status();  // the victim stays cached
   }
-  if (limits.creatable_pages >= 0 && *created >= limits.creatable_pages) {
-    return LimitError(steal_error);
+  if (!create_error.ok()) {
+    if (steal_error.ok()) return create_error;
+    return absl::Status(create_error.code(),
+                        absl::StrCat(create_error.message(), " (and unmapping a cached page "
+                                     "failed: ", steal_error.message(), ")"));
   }
-  ++counters_.creates;
-  absl::StatusOr<PhysicalPage> handle = backend_.CreatePhysicalPage();
-  if (handle.ok()) ++*created;
-  return handle;
+  return LimitError(steal_error);
 }
 
 absl::Status VmmSpace::LimitError(const absl::Status& steal_error) const {

@@ -8,10 +8,14 @@
 //   - a page is "touched" while a live block (allocated or pending) overlaps
 //     it; a touched page is always mapped;
 //   - when a block is handed out, its untouched pages that are not mapped get
-//     a physical page: the handle of a "cached" page (mapped, touched by no
-//     live block) is stolen first, the highest-addressed one (first and page
-//     fit fill low addresses, so high cached pages are the least likely to be
-//     wanted back soon), else a new one is created;
+//     a physical page: a new one while the memory limit and the device allow
+//     it; under memory pressure (at the limit, or the device full) the
+//     handle of a "cached" page (mapped, touched by no live block) is stolen
+//     instead, the highest-addressed one (first and page fit fill low
+//     addresses, so high cached pages are the least likely to be wanted back
+//     soon). Stealing unmaps, which waits for the page's stream: without
+//     pressure warm steps make no driver call and no synchronization, as
+//     PyTorch's expandable segments;
 //   - when a block goes free its pages stay mapped (lazy unmapping): placing
 //     a block there again costs no call. EmptyCache unmaps and frees them.
 // Pages of private pools (CUDA graphs replay into their addresses) are never

@@ -243,8 +243,13 @@ TEST_F(CudaBackendTest, VirtualMemoryPagesAreDeviceMemoryMappedIntoAReservedRang
   std::vector<unsigned char> out(kMiB, 0x5a);
   std::vector<unsigned char> back(kMiB, 0);
   void* across = reinterpret_cast<void*>(*range + 4 * kMiB - kMiB / 2);
+  // Only device 1 was granted access: device 0 (current) may not copy.
+  EXPECT_EQ(cudaMemcpy(across, out.data(), kMiB, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(across, out.data(), kMiB, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(back.data(), across, kMiB, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   EXPECT_EQ(back, out);
   int current = -1;
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);

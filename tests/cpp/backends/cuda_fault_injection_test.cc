@@ -4,7 +4,7 @@
 //
 // Each runtime call the backend makes (cudaMalloc, cudaFree,
 // cudaEventCreateWithFlags, cudaEventRecord, cudaEventQuery,
-// cudaEventSynchronize, cudaMemGetInfo, cudaStreamIsCapturing, cudaSetDevice)
+// cudaEventSynchronize, cudaGetDeviceProperties, cudaStreamIsCapturing, cudaSetDevice)
 // fails once and repeatedly through the simulated device's own fault
 // injection. After every engine operation:
 //   - an error names the failed CUDA call and the device; the only other
@@ -208,7 +208,7 @@ class CudaFaultTest : public ::testing::Test {
   }
 
   // A round of a training-like workload that makes every runtime call the
-  // backend uses: cudaMemGetInfo (a memory fraction), cudaStreamIsCapturing
+  // backend uses: cudaGetDeviceProperties (a memory fraction), cudaStreamIsCapturing
   // and cudaMalloc (new segments), cudaEventCreateWithFlags, cudaEventRecord
   // and cudaEventQuery (blocks used on a side stream), cudaEventSynchronize
   // and cudaFree (an allocation that only fits after the out-of-memory retry
@@ -309,7 +309,7 @@ const CudaFault kCudaFaults[] = {
     {"cudaEventRecord", cudaErrorLaunchFailure},
     {"cudaEventQuery", cudaErrorLaunchFailure},
     {"cudaEventSynchronize", cudaErrorLaunchFailure},
-    {"cudaMemGetInfo", cudaErrorLaunchFailure},
+    {"cudaGetDeviceProperties", cudaErrorLaunchFailure},
     {"cudaStreamIsCapturing", cudaErrorStreamCaptureUnsupported},
     {"cudaSetDevice", cudaErrorInvalidDevice},
 };
@@ -559,15 +559,16 @@ TEST_F(CudaFaultTest, EventSynchronizeFailingInTheRetryReleasesTheBlockWithAWarn
   RecoverAndReleaseEverything();
 }
 
-TEST_F(CudaFaultTest, MemGetInfoFailingLeavesTheLimitAsItWas) {
+TEST_F(CudaFaultTest, DevicePropertiesFailingLeaveTheLimitAsItWas) {
+  // The device size comes from its properties, which need no context.
   StartEngine(0);
   engine_->SetMemoryLimit(20 * kMiB);
-  Inject("cudaMemGetInfo", 1, cudaErrorLaunchFailure);
-  ExpectFaultOf("cudaMemGetInfo");
+  Inject("cudaGetDeviceProperties", 1, cudaErrorLaunchFailure);
+  ExpectFaultOf("cudaGetDeviceProperties");
   const absl::Status once = SetMemoryFraction(0.5);
   EXPECT_TRUE(absl::IsInternal(once));
-  EXPECT_TRUE(Names(once, "cudaMemGetInfo on cuda:0 failed")) << once;
-  Inject("cudaMemGetInfo", kForever, cudaErrorLaunchFailure);
+  EXPECT_TRUE(Names(once, "cudaGetDeviceProperties on cuda:0 failed")) << once;
+  Inject("cudaGetDeviceProperties", kForever, cudaErrorLaunchFailure);
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(SetMemoryFraction(0.25).ok());
   EXPECT_EQ(engine_->memory_limit(), 20 * kMiB);
   absl::StatusOr<void*> ptr = Allocate(5 * kMiB);
@@ -615,7 +616,9 @@ TEST_F(CudaFaultTest, SetDeviceFailingIsReportedAndTheCurrentDeviceIsKept) {
   Inject("cudaSetDevice", kForever, cudaErrorInvalidDevice);
   for (int i = 0; i < 3; ++i) {
     EXPECT_FALSE(Allocate(5 * kMiB).ok());
-    EXPECT_FALSE(SetMemoryFraction(0.5).ok());
+    // Sizing the device reads its properties: no device switch (and no
+    // context), so a memory fraction still applies.
+    EXPECT_TRUE(SetMemoryFraction(0.5).ok());
     EXPECT_FALSE(EmptyCache().ok());                // cudaFree needs the device too
     absl::StatusOr<void*> cached = Allocate(4096);  // the cache needs no device call
     ASSERT_TRUE(cached.ok()) << cached.status();

@@ -164,9 +164,11 @@ def test_memory_limit_and_the_out_of_memory_ladder(sim, expandable):
             torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
         assert "memory limit" in str(raised.value)
         assert torch.cuda.memory_stats()["num_alloc_retries"] > retries
-        # The failed allocation mapped no page up to the limit: not even for a moment.
-        assert {k: torch.cuda.memory_stats()[f"reserved_bytes.all.{k}"]
-                for k in ("current", "peak")} == reserved
+        # The failed allocation mapped no page up to the limit: not even for a moment (the
+        # ladder may have given cached pages back: current can only have fallen).
+        after = {k: torch.cuda.memory_stats()[f"reserved_bytes.all.{k}"] for k in ("current", "peak")}
+        assert after["peak"] == reserved["peak"]
+        assert after["current"] <= reserved["current"]
         consistent()
         del first, second
     finally:
