@@ -114,6 +114,11 @@ class Classifier:
                 else:
                     undecided = [(device, block) for device, block in remaining
                                  if (device, block["address"]) not in search.live_rooted]
+                    # Released by another thread during the search (a Gloo worker dropping
+                    # its last reference): not left behind, as the collection would have found.
+                    self.released_meanwhile |= {(device, block["address"]) for device, block in remaining
+                                                if (device, block["address"]) in search.live_rooted
+                                                and not self._still_allocated(device, block)}
             if undecided:
                 late_freed, late_holders, found_garbage = self._collect_cycles(undecided, young=False)
                 freed |= late_freed
