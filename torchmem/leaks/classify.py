@@ -100,7 +100,7 @@ class Classifier:
             if remaining and all(key in self.young_keys for key in self._keys(remaining)):
                 # Exit order (for cost): the owner search before the whole heap's collection.
                 # A block it finds held by a root that is certainly alive (a module global, a
-                # live frame's local, a test's argument) is no garbage's: that collection
+                # test's argument) is no garbage's: that collection
                 # (60 ms in a 280,000-object heap) could not free it, so it runs only for the
                 # others. Each verdict is the one the collection-first order gives.
                 # Only when the blocks' tensors are still in the young generations (made

@@ -25,7 +25,7 @@ steps:
   pass, as it would be without the check (a second pass to free it would double the cost).
   When the surviving blocks' tensors are still young (``young_tensor_blocks``), the owner
   search runs first, for at most one pass over the heap: a block it finds held by a root
-  that is certainly alive (a module global, a live frame's local, a test's argument) cannot
+  that is certainly alive (a module global, a test's argument) cannot
   be garbage's, and the whole heap is collected only for the others (``classify``).
 
 While an exit runs, automatic collections are paused (``pause_automatic_collections``): the

@@ -41,8 +41,8 @@ class OwnerSearch:
     the collector tracks refers to (C++, an untracked object; garbage could not be it);
     ``notes``: what is known about holders the walk cannot name (C++, untracked
     objects); ``stopped_early``: a budget stopped the walk; ``live_rooted``: keys held by
-    a root that is certainly alive (a module in ``sys.modules``, a live frame's local, an
-    object the check holds), so not by garbage.
+    a root that is certainly alive and stays so while the exit runs (a module global of a
+    module in ``sys.modules``, an object the check holds), so not by garbage.
     """
 
     owners: dict
@@ -126,8 +126,8 @@ def find_owners(
         del roots
         local_roots.values.clear()  # the locals' values: needed no more, and not to be found as holders
         for key, owners in found.items():
-            if owners:
-                result.live_rooted.add(key)  # the downward roots (locals, allowed objects) are alive
+            if any(owner.kind != "local" for owner, _ in owners):
+                result.live_rooted.add(key)  # objects the check holds: alive (locals: see upward._check_local_root)
             for owner, note in owners[:max_owners]:
                 result.owners[key].append(owner)
                 if note is not None:

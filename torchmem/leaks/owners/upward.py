@@ -400,8 +400,8 @@ class UpwardSearch:
 
     def _add_owner(self, key, owner: Owner, depth: int, *, runner: bool = False, live: bool = True) -> None:
         if live:
-            # A root that is certainly alive (a module in sys.modules, a live frame, an
-            # object the check holds): the block is not garbage. A check's exit skips its
+            # A root that is certainly alive (a module global of a module in sys.modules,
+            # an object the check holds): the block is not garbage. A check's exit skips its
             # collection of the whole heap for such blocks (``classify``).
             self.live_rooted.add(key)
         if runner:  # pytest's frames and globals: named only if nothing better turns up
@@ -434,12 +434,15 @@ class UpwardSearch:
         return not runner
 
     def _check_local_root(self, key, node_id: int, depth: int) -> None:
+        # A running function's local is alive, but not ``live``: another thread's frame (a
+        # worker about to drop a collective's tensor) may let go of it while the exit runs,
+        # and the exit's collection is what sees such a release (``classify``).
         for function, name, location in self.local_roots.by_id.get(node_id, ()):
             path = render_path(f"{function}():{name}", self._labels_below(key, node_id))
-            self._add_owner(key, Owner(path, "local", location), depth)
+            self._add_owner(key, Owner(path, "local", location), depth, live=False)
         for function, name, location in self.local_roots.runner.get(node_id, ()):
             path = render_path(f"{function}():{name}", self._labels_below(key, node_id))
-            self._add_owner(key, Owner(path, "local", location), depth, runner=True)
+            self._add_owner(key, Owner(path, "local", location), depth, runner=True, live=False)
 
     def _check_named_root(self, key, parent, child_id: int, depth: int) -> bool:
         parent_id = id(parent)
