@@ -238,3 +238,39 @@ def test_no_job_report_gives_every_rank_its_own_report(tmp_path):
         assert "torchmem summary: cpu" in result.stderr
         assert f"train.py (rank {results.index(result)} of 2) exited with code 0" in result.stderr
         assert "torchmem job report" not in result.stderr
+
+
+def test_fail_on_leak_under_torchrun_fails_the_rank_that_leaked_and_says_why(tmp_path):
+    write(tmp_path / "steplog.py", STEPLOG)
+    script = write(tmp_path / "train.py", TRAIN)
+    result = torchrun("run", "--fail-on-leak", "--dist-timeout", "120", script, cwd=tmp_path)
+
+    assert result.returncode != 0, result.stderr[-3000:]  # the job fails: rank 1 exited 1
+    assert "torchmem (rank 1 of 2): exit code 1: the script leaked 768.0 KiB in 3 blocks (--fail-on-leak)" \
+        in result.stderr, result.stderr[-3000:]
+    assert "torchmem (rank 0 of 2): exit code 1" not in result.stderr
+
+
+def test_the_job_report_names_the_rank_whose_memory_grew_per_step(tmp_path):
+    script = write(tmp_path / "train.py", """\
+        import os
+        import torch
+
+        model = torch.nn.Linear(32, 32)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        history = []
+        for step in range(10):
+            out = model(torch.randn(8, 32))
+            out.sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if os.environ["RANK"] == "1":
+                history.append(out.detach())  # kept every step, on rank 1 only
+    """)
+    result = torchrun("run", "--dist-timeout", "120", script, cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = result.stderr.split("torchmem job report", 1)[1]
+    assert "growth on rank 1" in job, job
+    assert "growth on rank 0" not in job
+    assert "train.py:8" in job.split("growth on rank 1", 1)[1]

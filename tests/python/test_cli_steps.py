@@ -145,3 +145,15 @@ def test_a_malformed_step_on_is_a_usage_error(tmp_path):
 
     assert result.returncode == 2
     assert "--step-on train_step: expected module:function or module:Class.method" in result.stderr
+
+
+def test_step_on_names_a_function_of_the_module_run_with_dash_m(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    script = write(package / "train.py", NO_OPTIMIZER)
+    result = torchmem_cli("run", "--step-on", "pkg.train:train_step", "-m", "pkg.train", cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "growth per training step: 10 steps" in result.stderr
+    assert f"train.py:{line_number(script, 'kept every step')}" in growth_section(result.stderr)

@@ -384,6 +384,8 @@ def test_fixture_parameter(torchmem_leak_check):
         (("--torchmem-cycles=sometimes",), "*--torchmem-cycles / torchmem_cycles must be 'repeating'*"),
         (("--torchmem-cycle-repeats=1",), "*--torchmem-cycle-repeats / torchmem_cycle_repeats must be an int >= 2*"),
         (("--torchmem-allow-arguments=maybe",), "*--torchmem-allow-arguments / torchmem_allow_arguments must be yes or no*"),
+        (("--torchmem-dist-timeout=0",), "*--torchmem-dist-timeout / torchmem_dist_timeout must be seconds > 0, got 0.0*"),
+        (("--torchmem-dist-timeout=soon",), "*--torchmem-dist-timeout / torchmem_dist_timeout must be seconds > 0, got 'soon'*"),
     ],
 )
 def test_bad_cycle_and_argument_settings_are_usage_errors(pytester, run_pytest, arguments, message):
@@ -418,3 +420,32 @@ def test_the_junit_xml_records_what_a_check_found_and_its_analysis_time(pytester
     xml = (pytester.path / "junit.xml").read_text()
     assert 'name="torchmem_leaked_bytes" value="0"' in xml
     assert 'name="torchmem_analysis_ms"' in xml and 'name="torchmem_analysis_cpu_ms"' in xml
+
+
+# --- a module imported for the first time inside a test ------------------------------------
+
+LAZY_LIBRARY = """
+import torch
+
+_EPS_SMOOTHING = torch.ones(256)  # made at import, kept for the session
+"""
+
+LAZY_IMPORTS = """
+def test_imports_a_library_on_first_use():
+    import lazylib  # noqa: F401
+
+
+def test_puts_a_tensor_into_a_module_global():
+    import torch, lazylib
+    lazylib.CACHE = torch.ones(512)  # the test's own doing
+"""
+
+
+def test_what_a_library_makes_at_import_inside_a_test_is_not_the_tests_leak(pytester, run_pytest):
+    pytester.makepyfile(lazylib=LAZY_LIBRARY, test_lazy=LAZY_IMPORTS)
+
+    result = run_pytest("--torchmem", "--torchmem-device=cpu", "-p", "no:randomly")
+
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_lazy.py::test_puts_a_tensor_into_a_module_global*"])
+    result.stdout.fnmatch_lines(["*held by       lazylib.CACHE*"])

@@ -256,6 +256,17 @@ class JobChannel:
         return "ok", world - 1
 
     # --- after the script -------------------------------------------------------------------
+    def send_capture(self, data: bytes) -> None:
+        """Posts this rank's capture (``.tmem`` bytes) for rank 0's page of the job; before
+        the report, so every capture is there once every report is."""
+        self.store.set(f"capture/{self.env.rank}", data)
+
+    def captures(self, ranks: list[int]) -> dict[int, bytes]:
+        """On rank 0, after :meth:`collect`: the captures the given ranks posted."""
+        present = [rank for rank in ranks if self.store.check([f"capture/{rank}"])]
+        values = self.store.multi_get([f"capture/{rank}" for rank in present]) if present else []
+        return dict(zip(present, values))
+
     def send(self, data: bytes) -> None:
         store = self.store
         store.set(f"report/{self.env.rank}", data)
@@ -360,6 +371,7 @@ class RunJob:
         self.channel = JobChannel(env, timeout)
         self.sigterm = SigtermWatch(self.channel)
         self.combined_json_path: str | None = None
+        self.combined_html_path: str | None = None  # rank 0's page of the job (--html)
 
     def per_rank(self, path: str | None) -> str | None:
         return None if path is None else rank_path(path, self.env.rank)
@@ -376,14 +388,19 @@ class RunJob:
         self.sigterm.in_report = True
 
     def finish(self, *, summary: dict, leak_report, exit_code: int | None, files: dict, label: str,
-               local_text: str) -> None:
-        """Sends this rank's report; on rank 0, prints the job's and writes the combined JSON."""
+               local_text: str, capture: bytes | None = None, growth_report=None) -> None:
+        """Sends this rank's report (and ``capture``, the ``.tmem`` bytes of its capture, for
+        the job's HTML page); on rank 0, prints the job's and writes the combined JSON and page.
+        ``growth_report``: the rank's ``GrowthReport`` over its training steps, if any."""
         env, out = self.env, sys.stderr
-        report = _payload.collect(rank=env.rank, world_size=env.world_size, summary=summary, leaks=leak_report)
+        report = _payload.collect(rank=env.rank, world_size=env.world_size, summary=summary, leaks=leak_report,
+                                  growth=growth_report)
         report.exit_code = exit_code
         report.status = "terminated by SIGTERM" if self.sigterm.received else None
         report.files = {kind: path for kind, path in files.items() if path}
         try:
+            if capture is not None and env.rank != 0:  # rank 0 has its own at hand
+                self.channel.send_capture(capture)
             self.channel.send(_payload.encode(report.to_dict()))
         except Exception as error:  # noqa: BLE001 - the store is gone (rank 0 or the agent died)
             print(local_text, file=out)
@@ -408,8 +425,50 @@ class RunJob:
                 lines += ["", f"job JSON report written to {self.combined_json_path} (one file per rank beside it)"]
             except OSError as error:
                 lines.append(f"torchmem: could not write the job JSON report: {error}")
+        if self.combined_html_path is not None:
+            lines += self._write_job_html(reports, missing, own=capture)
         print("\n".join(lines), file=out)
         out.flush()
+
+    def _write_job_html(self, reports: list, missing: dict[int, str], own: bytes | None) -> list[str]:
+        """Rank 0: one HTML page from every rank's capture that arrived (the wait for them was
+        the wait for the reports, bounded by --dist-timeout); the lines to print."""
+        from torchmem.reports import capture as _capture
+        from torchmem.reports import html as _html
+
+        ranks = sorted(report.rank for report in reports)
+        try:
+            raw = self.channel.captures([rank for rank in ranks if rank != 0])
+        except Exception as error:  # noqa: BLE001 - the store went away: the page has what is here
+            raw, lost = {}, _one_line(error)
+        else:
+            lost = None
+        if own is not None:
+            raw[0] = own
+        captures, absent = [], {}
+        for rank in ranks:
+            if rank not in raw:
+                absent[rank] = f"its capture was not received ({lost})" if lost else "it sent no capture"
+                continue
+            try:
+                captures.append(_capture.decode(raw[rank], f"the capture of rank {rank}"))
+            except _capture.CaptureFormatError as error:
+                absent[rank] = str(error)
+        absent.update(missing)
+        lines = []
+        if captures:
+            try:
+                combined = _capture.combine_captures(captures)
+                # The page names the ranks it lacks too, not only this output.
+                combined.data["meta"]["missing_ranks"] = {str(rank): why for rank, why in sorted(absent.items())}
+                _html.write_html(self.combined_html_path, combined)
+                shown = format_ranks(sorted(c.meta.get("rank") for c in captures if c.meta.get("rank") is not None))
+                lines += ["", f"job HTML report written to {self.combined_html_path} ({shown})"]
+            except OSError as error:
+                lines.append(f"torchmem: could not write the job HTML report: {error}")
+        for rank, why in sorted(absent.items()):
+            lines.append(f"torchmem: the job HTML report has no section for rank {rank}: {why}")
+        return lines
 
 
 def _brief(report: _payload.RankReport) -> str:

@@ -499,6 +499,13 @@ def pytest_runtest_call(item):
         check.__exit__(*sys.exc_info())
         raise
     check.__exit__(None, None, None)
+    if getattr(check, "job", None) is None and check.report is not None:
+        # A module the test imported for the first time keeps what its import made (a library's
+        # constants) for the session: import-time, not the test's leak. (Under torchrun the ranks
+        # decided inside the exit already.)
+        from torchmem.integrations import import_time
+
+        check.report = import_time.classify(check.report, None)
     report = check.report
     if report.findings:
         # In JUnit XML (--junitxml) and to other plugins: what the check found and what it cost.

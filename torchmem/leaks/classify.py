@@ -29,6 +29,7 @@ from torchmem.leaks import owners as _owners
 from torchmem.leaks.tensors import BlockIndex, device_key
 from torchmem.stacks import frames as stack_frames
 from torchmem.leaks.report import ALLOWED, CYCLE, PENDING, REACHABLE, Finding
+from torchmem.reports import categories as _categories
 
 
 # Passes over the whole heap the owner search may make, before the exit's collection of the
@@ -52,6 +53,10 @@ class Classifier:
         self._stacks: dict[int, list] = {}
         self._report_frames: dict[int, tuple] = {}
         self.young_keys: set = set()  # blocks used by tensors in the young generations at exit
+        # While torchmem.track names a model or optimizer: {(device, data pointer): (category,
+        # module, bytes)}, read before the collections free cycle-held graphs (their saved
+        # activations are still registered then). None when nothing is tracked.
+        self._storages: dict | None = None
 
     def run(self) -> None:
         started, started_cpu = time.perf_counter(), time.thread_time()
@@ -62,6 +67,8 @@ class Classifier:
             self.report.analysis_cpu_seconds = time.thread_time() - started_cpu
 
     def _run(self) -> None:
+        if _categories.is_tracking():
+            self._storages = _categories.classify_storages()
         candidates = []  # (device, block) still allocated at scope end and not allowed
         for group in self.survivors:
             try:
@@ -290,6 +297,10 @@ class Classifier:
         return freed, {key: holder for key, holder in holders.items() if key in freed}, True
 
     def _add(self, kind: str, device: str, block: dict, *, owners=(), cycle_types=(), cycle=None, note=None) -> None:
+        category = module = None
+        if self._storages is not None:
+            # The lookup GrowthMonitor and captures use: a block is its storage's allocation.
+            category, module, _ = self._storages.get((device, block["address"]), (_categories.OTHER, None, 0))
         self.report.findings.append(
             Finding(
                 kind=kind,
@@ -306,6 +317,8 @@ class Classifier:
                 cycle=cycle,
                 note=note,
                 context=block["context"],
+                category=category,
+                module=module,
             )
         )
 

@@ -1,8 +1,9 @@
 """A leak report as text: the summary line, then findings grouped as a reader scans them.
 
-Findings that read the same (kind, device, tag, allocation lines, cycle) are one group with
-their total size; leaks come first, largest first, each with its holders and the allocation
-stack from the line the user wrote outward.
+Findings that read the same (kind, device, tag, category, allocation lines, cycle) are one
+group with their total size; leaks come first, largest first, each with its holders and the
+allocation stack from the line the user wrote outward. While ``torchmem.track`` names a model
+or optimizer, a group's first line says what its memory is (``category=gradients (Net.fc)``).
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ def _blocks(count: int) -> str:
 
 
 def _group_key(finding: Finding) -> tuple:
-    # Blocks that read the same in the report (same kind, device, tag, allocation lines and
-    # cycle) are shown once, with their total size and their holders.
-    return (finding.kind, finding.counted, finding.device, finding.tag, _stack_lines(finding), finding.cycle_types,
-            finding.cycle, finding.note)
+    # Blocks that read the same in the report (same kind, device, tag, category, allocation
+    # lines and cycle) are shown once, with their total size and their holders.
+    return (finding.kind, finding.counted, finding.device, finding.tag, finding.category, finding.module,
+            _stack_lines(finding), finding.cycle_types, finding.cycle, finding.note)
 
 
 def _group_order(group: list[Finding]) -> tuple:
@@ -119,7 +120,7 @@ def _render_group(group: list[Finding]) -> Iterable[str]:
     amount = format_bytes(size) if len(group) == 1 else f"{format_bytes(size)} in {len(group)} blocks"
     tag = first.tag if first.tag is not None else UNTAGGED
     kind = first.kind if first.counted else f"{first.kind}, not counted"
-    yield f"  {amount}  {kind}  {first.device}  tag={tag}"
+    yield f"  {amount}  {kind}  {first.device}  tag={tag}{category_label(first)}"
     explained = False
     if first.kind in LEAKED_KINDS or first.owners:
         explained = yield from _render_holders(group)
@@ -128,6 +129,14 @@ def _render_group(group: list[Finding]) -> Iterable[str]:
     if first.note and not explained:
         yield f"      {'why' if first.kind == CYCLE else 'note':<14}{first.note}"
     yield from _render_stack(first)
+
+
+def category_label(finding: Finding) -> str:
+    """``  category=gradients (Net.fc)`` while ``torchmem.track`` names a model or optimizer
+    (the module when the block belongs to one); empty when nothing was tracked."""
+    if finding.category is None:
+        return ""
+    return f"  category={finding.category}" + (f" ({finding.module})" if finding.module else "")
 
 
 def _render_holders(group: list[Finding]):

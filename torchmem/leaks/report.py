@@ -23,7 +23,10 @@ class Finding:
     blocks the cycle policy does not count as leaked (``torchmem.leaks.cycle_policy``;
     ``note`` says why). ``size`` is the block's (rounded) size,
     what the allocator holds; ``frames`` is the allocation's Python stack, user frames
-    first with torch internals folded (empty when capture was off).
+    first with torch internals folded (empty when capture was off). ``category`` is what the
+    block is while ``torchmem.track`` names a model or optimizer (``"parameters"``,
+    ``"gradients"``, ``"optimizer_state"``, ``"activations"`` or ``"other"``; None when
+    nothing is tracked), ``module`` the tracked module it belongs to, when known.
     """
 
     kind: str
@@ -41,6 +44,8 @@ class Finding:
     note: str | None = None
     counted: bool = True
     context: int = 0
+    category: str | None = None
+    module: str | None = None
 
     @property
     def leaked(self) -> bool:
@@ -69,6 +74,8 @@ class Finding:
             "cycle": self.cycle,
             "note": self.note,
             "counted": self.counted,
+            "category": self.category,
+            "module": self.module,
         }
 
 

@@ -171,12 +171,11 @@ def _write_file(data: dict, path, *, what: str) -> str:
     # Encode first, write to a temporary beside it, then rename: a capture is either
     # complete or absent, never half written (an out-of-memory moment is a bad time to die
     # leaving a truncated file that looks like a capture).
-    payload = json.dumps(data, separators=(",", ":")).encode()
+    payload = encode(data)
     temporary = f"{path}.{os.getpid()}.partial"
     try:
         with open(temporary, "wb") as raw:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=_COMPRESS_LEVEL, mtime=0) as file:
-                file.write(payload)
+            raw.write(payload)
         os.replace(temporary, path)
     except OSError as error:
         try:
@@ -209,6 +208,22 @@ def write_capture(
 
     data = collect.collect(leaks=leaks, oom_message=oom_message, label=label, devices=devices)
     return _write_file(data, path if path is not None else default_capture_path(), what="torchmem.write_capture")
+
+
+def encode(data: dict) -> bytes:
+    """A capture's data as the bytes of a ``.tmem`` file (gzip JSON)."""
+    return gzip.compress(json.dumps(data, separators=(",", ":")).encode(), compresslevel=_COMPRESS_LEVEL, mtime=0)
+
+
+def decode(raw: bytes, source: str) -> Capture:
+    """The capture in ``raw`` (the bytes of a ``.tmem`` file, from :func:`encode`);
+    :class:`CaptureFormatError` names ``source`` when they are not one this torchmem reads."""
+    try:
+        data = json.loads(gzip.decompress(raw))
+    except (OSError, EOFError, zlib.error, ValueError, UnicodeDecodeError) as error:
+        raise CaptureFormatError(f"torchmem.load_capture: {source} is damaged ({error})") from None
+    check_version(data, source)
+    return Capture(data)
 
 
 def _read_file(path) -> dict:

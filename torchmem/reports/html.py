@@ -326,20 +326,23 @@ def _fold_owner_paths(owners: list[dict]) -> list[dict]:
 
 
 def _leak_groups(leaks: dict | None) -> list[dict]:
-    """Findings grouped by kind, tag, allocation stack and cycle, largest first, with their
-    holders folded."""
+    """Findings grouped by kind, tag, category, allocation stack and cycle, largest first,
+    with their holders folded."""
     if not leaks:
         return []
     groups: dict[tuple, dict] = {}
     for finding in leaks["report"]["findings"]:
         frames = tuple((f["filename"], f["line"], f["name"]) for f in finding["frames"])
-        key = (finding["kind"], finding["counted"], finding["device"], finding["tag"], frames,
+        # Captures older than categories in leak findings carry neither key.
+        category, module = finding.get("category"), finding.get("module")
+        key = (finding["kind"], finding["counted"], finding["device"], finding["tag"], category, module, frames,
                tuple(finding.get("cycle_types") or ()), finding.get("cycle"), finding.get("note"))
         group = groups.get(key)
         if group is None:
             group = groups[key] = {
                 "kind": finding["kind"], "counted": finding["counted"], "device": finding["device"],
-                "tag": finding["tag"] or "untagged", "owners": [], "cycle": finding.get("cycle"),
+                "tag": finding["tag"] or "untagged", "category": category, "module": module,
+                "owners": [], "cycle": finding.get("cycle"),
                 "note": finding.get("note"), "frames": [f for f in finding["frames"] if f["line"]][:8],
                 "bytes": 0, "blocks": 0,
             }
@@ -504,7 +507,8 @@ def _page(capture) -> tuple[dict, list]:
         figure = _ranks_figure([r.data for r in capture.ranks])
         if figure is not None:
             charts.append(figure)
-        job = {"rows": _rank_rows([r.data for r in capture.ranks]), "figure": figure}
+        missing = sorted((capture.meta.get("missing_ranks") or {}).items(), key=lambda item: int(item[0]))
+        job = {"rows": _rank_rows([r.data for r in capture.ranks]), "figure": figure, "missing": missing}
     return {"title": capture.label, "parts": ranks, "job": job, "meta": capture.meta,
             "source": capture.source}, charts
 

@@ -4,6 +4,11 @@
 The capture holds the state at the end of the script, taken before its globals are
 released (what held memory while it ran), with the leak findings made after (what
 survived them), so ``torchmem report`` shows both, as the text report at exit does.
+
+On a rank of a launched job (``for_job``), ``--html`` names one page for the whole job:
+no rank writes a page of its own; each hands its capture (:meth:`RunFiles.job_capture`) to
+the job report, and rank 0 writes the page from every rank's
+(``torchmem.distributed.launcher``).
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ def default_name(script: str | None, module: str | None, pid: int | None = None)
 class RunFiles:
     """Collects at the end of the script, writes after the leak check."""
 
-    def __init__(self, capture_path: str | None, html_path: str | None, label: str, *, announce_capture: bool = True):
+    def __init__(self, capture_path: str | None, html_path: str | None, label: str, *, announce_capture: bool = True,
+                 for_job: bool = False):
         self.capture_path = capture_path
+        # A rank of a job whose page rank 0 writes: this rank's capture goes to rank 0.
+        self.for_job = for_job
+        self._capture = None  # the Capture written at exit (with its leak findings)
         # False for the default capture under -q: a clean quiet run prints nothing, and a
         # file nobody asked for by name is nothing to act on.
         self.announce_capture = announce_capture
@@ -39,7 +48,7 @@ class RunFiles:
 
     @property
     def wanted(self) -> bool:
-        return self.capture_path is not None or self.html_path is not None
+        return self.capture_path is not None or self.html_path is not None or self.for_job
 
     def collect(self) -> None:
         """The state at the end of the script (call before its globals are released)."""
@@ -57,7 +66,7 @@ class RunFiles:
         from torchmem.reports import capture, collect, html
 
         self._data["leaks"] = collect.leaks_section(leak_report)
-        report = capture.Capture(self._data)
+        report = self._capture = capture.Capture(self._data)
         lines, problems = [], []
         from torchmem._support import progress
 
@@ -70,7 +79,7 @@ class RunFiles:
                     lines.append(f"  render it: torchmem report {_shown(self.capture_path)} --html memory.html")
             except OSError as error:
                 problems.append(f"could not write the capture: {error}")
-        if self.html_path is not None:
+        if self.html_path is not None and not self.for_job:
             try:
                 with progress.step(f"writing {self.html_path}"):
                     html.write_html(self.html_path, report)
@@ -78,6 +87,16 @@ class RunFiles:
             except OSError as error:
                 problems.append(f"could not write the HTML report: {error}")
         return lines, problems
+
+
+    def job_capture(self) -> bytes | None:
+        """This rank's capture as ``.tmem`` bytes, for rank 0's page of the job (after
+        :meth:`write`); None when there is none to send."""
+        if not self.for_job or self._capture is None:
+            return None
+        from torchmem.reports import capture
+
+        return capture.encode(self._capture.data)
 
 
 def _shown(path: str) -> str:

@@ -32,7 +32,8 @@ RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), every rank runs the script under
 and rank 0 prints one report for the job instead: a row per rank, the imbalance between
 ranks, every rank's leaks (``torchmem.distributed.launcher`` says how, and what happens
 when a rank crashes or the ranks disagree). ``--snapshot``/``--json`` then write one file
-per rank, and rank 0 the combined JSON.
+per rank, and rank 0 the combined JSON; ``--html PATH`` is one page for the job, written by
+rank 0 from every rank's capture (a row and a section per rank).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def add_parser(commands, prog: str) -> argparse.ArgumentParser:
         "torchmem report)",
     )
     run.add_argument("--no-capture", action="store_true", help="write no capture file (and record no trace for it)")
-    run.add_argument("--html", metavar="PATH", help="write the HTML report at exit (one file, opens without a network)")
+    run.add_argument("--html", metavar="PATH", help="write the HTML report at exit (one file, opens without a network; "
+                     "under a launcher rank 0 writes one page for the job, a section per rank)")
     run.add_argument(
         "--oom-report", metavar="DIR",
         help="at the first out-of-memory error write the capture and the HTML report into DIR; the error the "
@@ -172,8 +174,22 @@ def _job_run(args: argparse.Namespace):
         return None
     args.rank_label = f" (rank {env.rank} of {env.world_size})"
     if args.no_job_report:
+        args.alone_rank = env.rank  # every rank reports alone: to files of its own
         return None
     return launcher.RunJob(env, launcher.DEFAULT_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout)
+
+
+def _alone_rank(args: argparse.Namespace) -> int | None:
+    """This process's rank when a launcher started it with --no-job-report, else None."""
+    return getattr(args, "alone_rank", None)
+
+
+def _own_file(args: argparse.Namespace, path: str | None) -> str | None:
+    """``path`` for this rank alone (``mem.rank1.pickle``), so ranks reporting alone do not
+    write one another's files."""
+    from torchmem.distributed.launcher import rank_path
+
+    return None if path is None else rank_path(path, args.alone_rank)
 
 
 def _job_options(args: argparse.Namespace) -> dict:
@@ -184,6 +200,7 @@ def _job_options(args: argparse.Namespace) -> dict:
         "--rss": bool(args.rss),
         "--snapshot": args.snapshot is not None,
         "--json": args.json is not None,
+        "--html": args.html is not None,
         "--history-entries": args.history_entries,
     }
 
@@ -198,11 +215,19 @@ def _run_files(args: argparse.Namespace, target, job):
     html_arg = args.html
     if job is not None and args.capture:
         capture_arg = job.per_rank(capture_arg)  # the default name has the pid: one per rank already
-    if job is not None:
-        html_arg = job.per_rank(html_arg)
+    if _alone_rank(args) is not None:
+        capture_arg = _own_file(args, capture_arg) if args.capture else capture_arg
+        html_arg = _own_file(args, html_arg)
+    for_job = job is not None and html_arg is not None
+    if for_job:
+        # One page for the job, written by rank 0 from every rank's capture.
+        html_arg = html_arg if job.env.rank == 0 else None
     capture_path = check_writable("--capture", capture_arg, force=args.force) if capture_arg else None
     html_path = check_writable("--html", html_arg, force=args.force) if html_arg else None
-    return RunFiles(capture_path, html_path, label=target.label, announce_capture=bool(args.capture) or not args.quiet)
+    if for_job:
+        job.combined_html_path = html_path
+    return RunFiles(capture_path, html_path, label=target.label, announce_capture=bool(args.capture) or not args.quiet,
+                    for_job=for_job)
 
 
 def _install(device: str) -> list[str]:
@@ -220,17 +245,16 @@ def _training_growth(step_on: list[str], module: str | None):
     return TrainingGrowth(step_on, script_module=module)
 
 
-def execute(args: argparse.Namespace, prog: str) -> int:
+def _checked_options(args: argparse.Namespace, target, job):
+    """Refuses, before anything is installed or run, what cannot work; returns the snapshot
+    and JSON paths this process writes (one per rank under a launcher) and its ``RunFiles``
+    (capture and HTML report)."""
     from torchmem.integrations.runner import exit_status
-    from torchmem.integrations.runner import target as _target_module
-    from torchmem.integrations.runner.session import Session
     from torchmem.integrations.runner.steps import parse_step_on
 
-    # First, before torch is imported: its exit function must run after all others.
-    exit_status.arm()
-    target = _target(args)
-    job = _job_run(args)
     snapshot_arg, json_arg = args.snapshot, args.json
+    if _alone_rank(args) is not None:
+        snapshot_arg, json_arg = _own_file(args, args.snapshot), _own_file(args, args.json)
     if job is not None:
         # One file per rank, the rank in its name; rank 0 also writes the combined JSON.
         snapshot_arg, json_arg = job.per_rank(args.snapshot), job.per_rank(args.json)
@@ -258,6 +282,19 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     if target.script is not None and not os.path.isfile(target.script):
         reason = "is a directory" if os.path.isdir(target.script) else "No such file"
         raise UsageError(f"can't open file {target.script!r}: {reason}")
+    return snapshot_path, json_path, files
+
+
+def execute(args: argparse.Namespace, prog: str) -> int:
+    from torchmem.integrations.runner import exit_status
+    from torchmem.integrations.runner import target as _target_module
+    from torchmem.integrations.runner.session import Session
+
+    # First, before torch is imported: its exit function must run after all others.
+    exit_status.arm()
+    target = _target(args)
+    job = _job_run(args)
+    snapshot_path, json_path, files = _checked_options(args, target, job)
 
     served = _install(args.device)
     if args.oom_report is not None:

@@ -30,6 +30,11 @@ class TrainingGrowth:
             self._report = self.monitor.report()
 
     @property
+    def report(self):
+        """The ``GrowthReport`` over the steps (after ``stop()``), or None when no step was seen."""
+        return self._report
+
+    @property
     def has_growth(self) -> bool:
         return self._report is not None and self._report.has_growth
 

@@ -116,7 +116,7 @@ class Session:
                 problems.append(f"no leak report: {error}")
                 self._report = None
             if self._report is not None:
-                from torchmem.integrations.runner import import_time
+                from torchmem.integrations import import_time
 
                 self._report = import_time.classify(self._report, self.main_file)
 
@@ -153,20 +153,27 @@ class Session:
             except OSError as error:
                 problems.append(f"could not write the JSON report: {error}")
         lines += [f"torchmem: {problem}" for problem in problems]
+        verdict = None  # the line that says why the exit status is 1
         if (leaked or grew) and self.fail_on_leak and self.exit_code == 0:
             from torchmem.integrations.runner import exit_status
 
             exit_status.fail_with(1)
             why = [f"leaked {_leaked_text(self._report)}"] if leaked else []
             why += ["grew over its training steps"] if grew else []
-            lines += ["", f"torchmem: exit code 1: the script {' and '.join(why)} (--fail-on-leak)"]
+            verdict = f"torchmem{self.rank_label}: exit code 1: the script {' and '.join(why)} (--fail-on-leak)"
+            lines += ["", verdict]
         # Quiet and nothing to act on: nothing at all, as the script alone would print.
         lines = header + lines if lines or not self.quiet else []
         local_text = "\n".join(lines)
         if self.job is not None:
             files = {"snapshot": self.snapshot_path, "json": self.json_path}
+            capture = self.files.job_capture() if self.files is not None else None
             self.job.finish(summary=summary, leak_report=self._report, exit_code=self.exit_code, files=files,
-                            label=label, local_text=local_text)
+                            label=label, local_text=local_text, capture=capture,
+                            growth_report=None if self.growth is None else self.growth.report)
+            if verdict is not None:  # rank 0 printed the job's report; each failing rank says why it fails
+                print(verdict, file=out)
+                out.flush()
             return
         if local_text:
             print(local_text, file=out)
