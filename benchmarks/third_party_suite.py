@@ -28,6 +28,11 @@ Timings are medians over repetitions, with the load average before and after eac
 the machine may be shared, so compare CPU times and repeat. It is a benchmark: it
 asserts nothing, and its exit status says only whether the runs could be made.
 
+``--plant-leak DIR`` writes one test into the checkout's ``DIR`` for the runs (removed after):
+it appends a tensor it computes to a module-level list, a leak any user would want failed. The
+script then says whether it passed plainly and failed under the plugin, with the holder the
+report names.
+
 What the suite needs: its own test dependencies (for torchmetrics' bases/ and wrappers/:
 ``pip install 'scikit-learn>1.5,<1.8' cachier==4.1.0`` on top of this repository's
 requirements). ``wrappers/test_feature_share.py`` builds Inception networks at import,
@@ -226,6 +231,52 @@ def summarize(runs: list[Run], show_reports: int) -> dict:
     }
 
 
+PLANTED_MODULE = "test_torchmem_planted_leak"
+PLANTED_TEST = f"""# Written by torchmem's benchmarks/third_party_suite.py --plant-leak for one run; removed after.
+import torch
+
+_KEPT = []
+
+
+def test_planted_leak():
+    _KEPT.append(torch.ones(256) * 2)  # kept by a module-level list after the test: a leak
+    assert float(_KEPT[-1].sum()) == 512.0
+"""
+
+
+def plant_leak(checkout: str, directory: str) -> str:
+    """Writes the planted test into ``checkout/directory``; returns its path."""
+    folder = os.path.join(checkout, directory)
+    if not os.path.isdir(folder):
+        sys.exit(f"--plant-leak: {folder} is not a directory of the checkout")
+    path = os.path.join(folder, f"{PLANTED_MODULE}.py")
+    if os.path.exists(path):
+        sys.exit(f"--plant-leak: {path} exists already; remove it first")
+    with open(path, "w") as out:
+        out.write(PLANTED_TEST)
+    return path
+
+
+def report_planted(runs: list[Run]) -> dict:
+    """Whether each run saw the planted test as it should: passed plainly, failed under the
+    plugin (with the first line of the report that names its holder)."""
+    outcomes: dict[str, list] = {PLAIN: [], TORCHMEM: []}
+    held_by = ""
+    for run in runs:
+        for name, result in run.tests.items():
+            if PLANTED_MODULE in name and name.endswith("test_planted_leak"):
+                outcomes[run.mode].append(result.outcome)
+                for line in (result.message or "").splitlines():
+                    if "held by" in line and not held_by:
+                        held_by = line.strip()
+    caught = outcomes[PLAIN] and all(o == "passed" for o in outcomes[PLAIN]) and outcomes[TORCHMEM] and all(
+        o in ("failed", "error") for o in outcomes[TORCHMEM])
+    print(f"\n== planted leak ==\n  plain: {', '.join(outcomes[PLAIN]) or 'not run'}; "
+          f"torchmem: {', '.join(outcomes[TORCHMEM]) or 'not run'}; caught: {'yes' if caught else 'NO'}"
+          + (f"\n  {held_by}" if held_by else ""))
+    return {"plain": outcomes[PLAIN], "torchmem": outcomes[TORCHMEM], "caught": bool(caught), "held_by": held_by}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -241,6 +292,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repo", default=REPO,
                         help="the torchmem checkout (built in place) the plugin runs come from; default this one "
                              "(another worktree measures an older version with the same script)")
+    parser.add_argument("--plant-leak", metavar="DIR",
+                        help="a test directory of the checkout to plant a leaking test in for the runs")
     parser.add_argument("pytest_args", nargs="*", default=[], help=argparse.SUPPRESS)
     if argv is None:
         argv = sys.argv[1:]
@@ -256,17 +309,24 @@ def main(argv=None) -> int:
         parser.error("--repeat must be >= 1")
     print(f"torchmem {args.repo}; checkout {args.checkout}; tests {' '.join(args.paths)}; device {args.device}; "
           f"{args.repeat} A/B pair(s); python {sys.version.split()[0]}; cores {os.cpu_count()}")
+    planted = plant_leak(args.checkout, args.plant_leak) if args.plant_leak else None
     runs = []
-    for repetition in range(args.repeat):
-        order = (PLAIN, TORCHMEM) if repetition % 2 == 0 else (TORCHMEM, PLAIN)
-        for mode in order:
-            run = run_suite(args, mode)
-            print(f"  [{repetition + 1}/{args.repeat}] {mode}: {run.count('passed')} passed, "
-                  f"{run.count('failed') + run.count('error')} failed, {run.wall_seconds:.1f} s wall, "
-                  f"load {run.load_before:.2f}", flush=True)
-            runs.append(run)
+    try:
+        for repetition in range(args.repeat):
+            order = (PLAIN, TORCHMEM) if repetition % 2 == 0 else (TORCHMEM, PLAIN)
+            for mode in order:
+                run = run_suite(args, mode)
+                print(f"  [{repetition + 1}/{args.repeat}] {mode}: {run.count('passed')} passed, "
+                      f"{run.count('failed') + run.count('error')} failed, {run.wall_seconds:.1f} s wall, "
+                      f"load {run.load_before:.2f}", flush=True)
+                runs.append(run)
+    finally:
+        if planted is not None:
+            os.remove(planted)
     runs.sort(key=lambda run: run.mode != PLAIN)  # stable: plain runs first, each in order
     figures = summarize(runs, args.show_reports)
+    if planted is not None:
+        figures["planted_leak"] = report_planted(runs)
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=2)

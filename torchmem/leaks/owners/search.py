@@ -40,7 +40,9 @@ class OwnerSearch:
     was found for, except ``held_outside``: those whose walk ended at an object nothing
     the collector tracks refers to (C++, an untracked object; garbage could not be it);
     ``notes``: what is known about holders the walk cannot name (C++, untracked
-    objects); ``stopped_early``: a budget stopped the walk.
+    objects); ``stopped_early``: a budget stopped the walk; ``live_rooted``: keys held by
+    a root that is certainly alive and stays so while the exit runs (a module global of a
+    module in ``sys.modules``, an object the check holds), so not by garbage.
     """
 
     owners: dict
@@ -49,6 +51,8 @@ class OwnerSearch:
     unnamed: set = field(default_factory=set)
     notes: dict = field(default_factory=dict)
     held_outside: set = field(default_factory=set)
+    live_rooted: set = field(default_factory=set)
+    given_up: bool = False
 
 
 
@@ -75,6 +79,7 @@ def find_owners(
     time_budget: float = DEFAULT_TIME_BUDGET,
     max_owners: int = DEFAULT_MAX_OWNERS,
     node_budget: int = DEFAULT_NODE_BUDGET,
+    give_up_after: int | None = None,
 ) -> OwnerSearch:
     """Named holders of each block in ``blocks`` (``(device, address, size)`` triples).
 
@@ -84,6 +89,11 @@ def find_owners(
     (``max_depth`` levels, ``time_budget`` seconds, ``node_budget`` objects searched
     downward) stopped it; then unresolved blocks get an ``unnamed`` owner naming the
     outermost object reached.
+
+    ``give_up_after``: a number of passes over the whole heap after which the search stops
+    (``given_up``, its result incomplete) if a block still has no root that is certainly
+    alive (``live_rooted``): a leak check's exit asks that first, to skip its collection of
+    the whole heap for blocks such a root holds, without paying a long walk for the others.
     """
     index = BlockIndex(blocks)
     deadline = time.monotonic() + time_budget
@@ -116,6 +126,8 @@ def find_owners(
         del roots
         local_roots.values.clear()  # the locals' values: needed no more, and not to be found as holders
         for key, owners in found.items():
+            if any(owner.kind != "local" for owner, _ in owners):
+                result.live_rooted.add(key)  # objects the check holds: alive (locals: see upward._check_local_root)
             for owner, note in owners[:max_owners]:
                 result.owners[key].append(owner)
                 if note is not None:
@@ -124,8 +136,16 @@ def find_owners(
                 result.allowed.pop(key, None)  # also held by something that is not allowed
         # 2. Up from the rest, one heap pass per level.
         rest = {key: entries for key, entries in starts.items() if not result.owners[key]}
+        if not collector.is_frozen():
+            # The heap list refers to every object: each pass over the heap would find it
+            # among the referrers and go through its hundreds of thousands of referents
+            # (ignored as the search's own) at every level. Only a frozen walk uses it.
+            objects = None
         if rest:
-            _walk_up(rest, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners)
+            _walk_up(rest, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners,
+                     give_up_after)
+            if result.given_up:
+                return result
         # 3. What the walk cannot see, for blocks still without a named owner.
         stuck = [key for key in index.keys if not _named(result.owners[key])]
         if stuck:
@@ -143,13 +163,19 @@ def _named(owners: list) -> bool:
     return any(owner.kind != "unnamed" for owner in owners)
 
 
-def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners) -> None:
+def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners,
+             give_up_after=None) -> None:
     search = UpwardSearch(
         starts, objects, local_roots, ignore, allowed, max_depth=max_depth, deadline=deadline,
         max_owners=max_owners, new_objects=objects if collector.is_frozen() else None,
+        give_up_after=give_up_after,
     )
     search.run()
+    if search.given_up:
+        result.given_up = True
+        return
     result.stopped_early |= search.stopped_early
+    result.live_rooted |= search.live_rooted
     for key in starts:
         owners = search.owners_of(key)
         if not owners:
@@ -183,6 +209,7 @@ def _explain(stuck, starts, objects, local_roots, ignore, allowed, result, max_d
         if unused:
             scripted = script_module_starts(BlockIndex([(key[0], key[1], 1) for key in unused]), objects)
         viewers = untracked_viewers(objects, wanted)
+        objects = None  # not to be a referrer the walk below goes through (see find_owners)
     retry: dict = {}
     for key in stuck:
         entries = list(scripted.get(key, ()))

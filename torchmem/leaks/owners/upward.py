@@ -77,7 +77,12 @@ class UpwardSearch:
     """Breadth-first from each block's start objects to named roots, one heap pass per level."""
 
     def __init__(self, starts: dict, objects: list, local_roots: LocalRoots, ignore: set, allowed: dict, *,
-                 max_depth: int, deadline: float, max_owners: int, new_objects: list | None = None):
+                 max_depth: int, deadline: float, max_owners: int, new_objects: list | None = None,
+                 give_up_after: int | None = None):
+        # When set: stop (``given_up``) once this many passes over the whole heap have left
+        # a block without a root that is certainly alive (see ``find_owners``).
+        self.give_up_after = give_up_after
+        self.given_up = False
         self.new_objects = new_objects  # the objects made during the check, while frozen
         self.nodes: dict[int, object] = {}
         # The search's own containers refer to the objects it visits; they are never holders.
@@ -115,6 +120,7 @@ class UpwardSearch:
                     hops[id(obj)] = 0
                     frontier.append(id(obj))
         self.stopped_early = False
+        self.live_rooted: set = set()  # block keys a root that is certainly alive holds (_add_owner)
         # Why the walk stopped short, for the report of a block left without a named root:
         # block key -> {"depth", "time", "frontier"}, and node id -> referrers not followed.
         self.stops: dict = defaultdict(set)
@@ -172,6 +178,10 @@ class UpwardSearch:
                 self.stopped_early = True
                 for key in active:
                     self.stops[key].add("time" if out_of_time else "depth")
+                return
+            if (self.give_up_after is not None and whole_heap_levels >= self.give_up_after
+                    and any(key not in self.live_rooted for key in self.frontiers)):
+                self.given_up = True
                 return
             whole_heap_levels += 0 if frozen else 1
             union: dict[int, object] = {}
@@ -388,7 +398,12 @@ class UpwardSearch:
             labels.extend(edge_labels(self.nodes[current], self.nodes[child_id]))
             current = child_id
 
-    def _add_owner(self, key, owner: Owner, depth: int, *, runner: bool = False) -> None:
+    def _add_owner(self, key, owner: Owner, depth: int, *, runner: bool = False, live: bool = True) -> None:
+        if live:
+            # A root that is certainly alive (a module global of a module in sys.modules,
+            # an object the check holds): the block is not garbage. A check's exit skips its
+            # collection of the whole heap for such blocks (``classify``).
+            self.live_rooted.add(key)
         if runner:  # pytest's frames and globals: named only if nothing better turns up
             if len(self.fallbacks[key]) < self.max_owners:
                 self.fallbacks[key].append(owner)
@@ -419,12 +434,15 @@ class UpwardSearch:
         return not runner
 
     def _check_local_root(self, key, node_id: int, depth: int) -> None:
+        # A running function's local is alive, but not ``live``: another thread's frame (a
+        # worker about to drop a collective's tensor) may let go of it while the exit runs,
+        # and the exit's collection is what sees such a release (``classify``).
         for function, name, location in self.local_roots.by_id.get(node_id, ()):
             path = render_path(f"{function}():{name}", self._labels_below(key, node_id))
-            self._add_owner(key, Owner(path, "local", location), depth)
+            self._add_owner(key, Owner(path, "local", location), depth, live=False)
         for function, name, location in self.local_roots.runner.get(node_id, ()):
             path = render_path(f"{function}():{name}", self._labels_below(key, node_id))
-            self._add_owner(key, Owner(path, "local", location), depth, runner=True)
+            self._add_owner(key, Owner(path, "local", location), depth, runner=True, live=False)
 
     def _check_named_root(self, key, parent, child_id: int, depth: int) -> bool:
         parent_id = id(parent)
@@ -438,14 +456,16 @@ class UpwardSearch:
             return not is_runner_module(module_name)
         if isinstance(parent, types.ModuleType):
             runner = is_runner_module(parent.__name__)
+            # Reached through the module itself: its namespace was not sys.modules' (a module
+            # removed from it or replaced, which garbage may hold): named, not proven alive.
             self._add_owner(key, Owner(render_path(parent.__name__, self._labels_below(key, parent_id)), "global"),
-                            depth, runner=runner)
+                            depth, runner=runner, live=sys.modules.get(parent.__name__) is parent)
             return not runner
         if isinstance(parent, type):
             name = class_name(parent)
             runner = is_runner_module(parent.__module__)
             self._add_owner(key, Owner(render_path(name, self._labels_below(key, parent_id)), "class"), depth,
-                            runner=runner)
+                            runner=runner, live=False)  # a class may be garbage (a script's, released)
             return not runner
         if isinstance(parent, types.FunctionType):
             name = global_name(parent)
