@@ -23,7 +23,9 @@ TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
 # A fresh process with the settings under test; the fake NVML for PyTorch's own expandable
 # segments (a real node always has NVML).
 EXPANDABLE_WITH_FRACTION = {
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.5",
+    # per_process_memory_fraction is an allocator option from torch 2.10 on; older torch refuses it.
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"
+    + (",per_process_memory_fraction:0.5" if TORCH >= (2, 10) else ""),
     "LD_PRELOAD": simcuda.preload(nvml=True),
     "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "simcuda"), str(ROOT)]),
 }
