@@ -255,6 +255,10 @@ class Classifier:
         blocks = [(device, block["address"], block["size"]) for device, block in candidates]
         if young:
             self.young_keys = collector.young_tensor_blocks(BlockIndex(blocks))
+        else:
+            found = self._garbage_above(candidates, blocks)
+            if found is not None:
+                return found
         garbage = collector.young_garbage() if young else collector.collect_saving_garbage()
         if garbage is None:  # too many young objects to sort in Python: the whole heap's pass
             return self._collect_cycles(candidates, young=False)
@@ -295,6 +299,30 @@ class Classifier:
         freed = {(device, block["address"]) for device, block in candidates
                  if not self._still_allocated(device, block)} - released
         return freed, {key: holder for key, holder in holders.items() if key in freed}, True
+
+    def _garbage_above(self, candidates: list, blocks: list) -> tuple[set, dict, bool] | None:
+        """``_collect_cycles(candidates, young=False)``'s answer without the whole heap's
+        collection, when the garbage above the candidates' tensors decides every candidate
+        (``collector.garbage_above``): each has tensors, all of them garbage, and the cycle
+        holding it is found in that garbage. The collection's own garbage holds the same
+        objects above the tensors in the same order, so the holders found are the same.
+        None otherwise: the caller collects the whole heap, as without this."""
+        keys = set(self._keys(candidates))
+        found = collector.garbage_above(BlockIndex(blocks))
+        if found is None or not keys <= found.decided:
+            return None
+        try:
+            holders = _owners.find_cycle_holders(blocks, found.garbage)
+        finally:
+            found.garbage = None
+        if not keys <= set(holders):
+            return None
+        released = {(device, block["address"]) for device, block in candidates
+                    if not self._still_allocated(device, block)}
+        self.released_meanwhile |= released
+        held = keys - released
+        self.report.subset_collection = (found.passes, found.members)
+        return held, {key: holder for key, holder in holders.items() if key in held}, True
 
     def _add(self, kind: str, device: str, block: dict, *, owners=(), cycle_types=(), cycle=None, note=None) -> None:
         category = module = None

@@ -183,3 +183,75 @@ def collect_saving_garbage(generation: int = WHOLE_HEAP) -> list:
     garbage = gc.garbage[kept_before:]
     del gc.garbage[kept_before:]
     return garbage
+
+
+# Bounds of the subset collection (``garbage_above``): passes over the heap (about a fifth of
+# a whole collection's cost each) and objects above the tensors. Beyond, the whole heap's.
+SUBSET_PASSES = 3
+SUBSET_MEMBERS = 200_000
+
+
+class SubsetGarbage:
+    """What ``garbage_above`` found: ``garbage`` (in the order a whole collection lists it),
+    ``decided`` (the block keys all of whose tensors are in it), and counts for the report
+    of how it went."""
+
+    def __init__(self, garbage: list, decided: set, complete: bool, passes: int, members: int):
+        self.garbage = garbage
+        self.decided = decided
+        self.complete = complete
+        self.passes = passes
+        self.members = members
+
+
+def garbage_above(index) -> SubsetGarbage | None:
+    """The garbage above the tensors using the blocks of ``index`` (a
+    ``tensors.BlockIndex``), found without collecting: the collector's algorithm run on those
+    tensors and the objects of the heap that refer to them, transitively
+    (``torchmem._C.subset_garbage``, a few passes over the heap instead of a collection of
+    all of it).
+
+    A block is ``decided`` when it has tensors and every one of them is garbage: only garbage
+    holds them, as a collection of the whole heap would find (the subset's answer can only
+    err towards "reachable"). None when the answer could differ from that collection's in
+    what it runs: garbage with a finalizer (``__del__``) or a weak reference with a callback,
+    which a collection calls and which may release blocks or resurrect objects. The garbage
+    is left to the collector, as ``collect_saving_garbage``'s is.
+    """
+    import weakref
+
+    import torch  # only on an exit with survivors: torch is imported then
+
+    from torchmem import _C
+    from torchmem.leaks.tensors import tensor_block
+
+    # The collector's order for a whole collection: the oldest generation, then the younger
+    # ones appended (gc_collect_main merges them into it); its garbage keeps that order.
+    objects = gc.get_objects(2)
+    objects += gc.get_objects(0)
+    objects += gc.get_objects(1)
+    try:
+        seeds = _C.instances_of(objects, torch._C.TensorBase)
+        seed_keys = [tensor_block(index, tensor) for tensor in seeds]
+        seeds = [tensor for tensor, key in zip(seeds, seed_keys) if key is not None]
+        seed_keys = [key for key in seed_keys if key is not None]
+        if not seeds:
+            return None
+        seed_ids = [id(tensor) for tensor in seeds]
+        # Only `objects` and `seeds` may hold the tensors now (the call discounts those).
+        garbage, complete, passes, members, finalizers = _C.subset_garbage(objects, seeds, SUBSET_PASSES,
+                                                                           SUBSET_MEMBERS)
+        del seeds
+    finally:
+        # The youngest generation's list held `objects` itself: a cycle through every object
+        # of the heap, which would stay until the next full collection (and be its garbage).
+        objects.clear()
+    if finalizers:
+        return None
+    for obj in garbage:
+        if weakref.getweakrefcount(obj) and any(ref.__callback__ is not None for ref in weakref.getweakrefs(obj)):
+            return None
+    obj = None
+    garbage_ids = {id(obj) for obj in garbage}
+    undecided = {key for key, seed in zip(seed_keys, seed_ids) if seed not in garbage_ids}
+    return SubsetGarbage(garbage, set(seed_keys) - undecided, complete, passes, members)
