@@ -8,10 +8,11 @@ module runs: only a reference cycle held them; counted as leaked or not by
 ``torchmem.leaks.cycle_policy``) or **reachable** (still allocated after it:
 ``owners.find_owners`` names the holders).
 
-Cost: a collection of the young generations first, of the whole heap only for blocks still
-allocated after it that no root certainly alive holds (``torchmem.leaks.collector``; the owner
-search looks for such roots first when the blocks' tensors are young); the owner search
-names the holders of blocks that survive both.
+Cost: a collection of the young generations first; for blocks still allocated after it that
+no root certainly alive holds, the garbage above their tensors (the collector's algorithm on
+those objects), and a collection of the whole heap only when that cannot decide them all
+(``torchmem.leaks.collector``; the owner search looks for such roots first when the blocks'
+tensors are young); the owner search names the holders of blocks that survive.
 """
 
 from __future__ import annotations
