@@ -10,7 +10,10 @@ size of a pytest session of a metrics library (torch and torchmetrics imported: 
 * ``young cycle``: one metric-like object in a reference cycle, dropped just before the exit;
 * ``old cycle``: the same, then enough allocation churn that the collector promoted it to
   its oldest generation before the exit (what a long test does);
-* ``reachable``: a tensor kept by a module global (the owner search names it).
+* ``reachable``: a tensor kept by a module global (the owner search names it);
+* ``old reachable``: the same, then the churn of ``old cycle``: the tensor is old, so the exit
+  looks for garbage above it before the owner search (and finds none: the whole heap's
+  collection follows).
 
 Each figure is the median and the minimum over rounds of the thread's CPU time, in ms.
 ``--whole-heap-too`` also measures each body with the exit collecting the whole heap for
@@ -79,6 +82,12 @@ def reachable() -> None:
     KEPT.append(torch.zeros(1024))
 
 
+def old_reachable() -> None:
+    KEPT.append(torch.zeros(1024))
+    churn = [[None] for _ in range(70_000)]
+    del churn
+
+
 def one_round(body) -> float:
     KEPT.clear()
     gc.collect()
@@ -120,7 +129,7 @@ def main() -> None:
         header += f"{'whole heap median':>20}{'min':>8}{'ratio':>8}"
     print(header)
     for name, body in (("nothing", nothing), ("young cycle", young_cycle), ("old cycle", old_cycle),
-                       ("reachable", reachable)):
+                       ("reachable", reachable), ("old reachable", old_reachable)):
         times, whole_heap = measure(body, args.rounds, args.whole_heap_too)
         line = f"{name:<14}{statistics.median(times):>12.2f}{min(times):>10.2f}"
         if whole_heap:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import weakref
 
 import pytest
 import torch
@@ -138,3 +139,35 @@ def test_a_holder_kept_from_outside_the_objects_above_falls_back_to_the_whole_he
             holder.me = None
             ctypes.pythonapi.Py_DecRef(ctypes.py_object(holder))
         del leaked
+
+
+class Finalized(Holder):
+    def __del__(self):  # a collection runs it: it may release blocks or resurrect objects
+        pass
+
+
+def test_garbage_with_a_finalizer_is_left_to_the_whole_heap_collection(torchmem_cpu):
+    def body():
+        holder = Finalized()
+        promote_to_the_oldest_generation()
+        del holder
+
+    collections, report = run(body, subset=True)
+    assert collections == 1
+    assert report.subset_collection is None
+    assert [finding.kind for finding in report.findings] == ["cycle"]
+
+
+def test_garbage_with_a_weak_reference_callback_is_left_to_the_whole_heap_collection(torchmem_cpu):
+    called = []
+
+    def body():
+        holder = Holder()
+        holder.ref = weakref.ref(holder, called.append)  # the cycle keeps its own weak reference
+        promote_to_the_oldest_generation()
+        del holder
+
+    collections, report = run(body, subset=True)
+    assert collections == 1
+    assert report.subset_collection is None
+    assert [finding.kind for finding in report.findings] == ["cycle"]

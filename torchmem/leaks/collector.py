@@ -200,10 +200,14 @@ def collect_saving_garbage(generation: int = WHOLE_HEAP) -> list:
     return garbage
 
 
-# Bounds of the subset collection (``garbage_above``): passes over the heap (about a fifth of
+# Bounds of the subset collection (``garbage_above``): passes over the heap (about a sixth of
 # a whole collection's cost each) and objects above the tensors. Beyond, the whole heap's.
+# Garbage above a block is what one test or step dropped (a metric cycle: tens of objects, a
+# wrapper of copies: hundreds); a set that grows past the bound has reached live objects
+# (a module, what imports it), where further passes would only add cost to the collection
+# that must follow.
 SUBSET_PASSES = 3
-SUBSET_MEMBERS = 200_000
+SUBSET_MEMBERS = 10_000
 
 
 class SubsetGarbage:

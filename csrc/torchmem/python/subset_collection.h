@@ -6,14 +6,19 @@
  * tensors instead:
  *
  *   1. the set S: the tensors, then every object of the heap that refers to a member, found
- *      by passes over the heap (a member found during a pass is looked for in the same pass);
+ *      by passes over the heap (a member found during a pass is looked for in the same pass),
+ *      and after each pass the objects near the members (a few references down) that refer
+ *      to a member: the rest of a cycle through them, wherever the heap's lists put it;
  *   2. on S, what gc_collect_main does on a generation: an object's references from outside
  *      S are its reference count minus the references members hold to it (tp_traverse); an
  *      object with any is reachable, and so is every member it refers to; the rest is
  *      garbage that nothing but other garbage refers to.
  *
  * Correct for any S: a reference from outside S only makes a member look reachable, so a
- * bounded S may say "reachable" where a whole collection says garbage, never the reverse.
+ * bounded S may say "reachable" where a whole collection says garbage, never the reverse;
+ * the passes stop as soon as every tensor is garbage. And what S finds garbage is closed
+ * upwards: its referrers are all in S (its count says so) and garbage too, so the objects
+ * above a garbage tensor are the ones the whole collection finds above it.
  * When no pass adds a member, S holds every object above the tensors, and the answer is the
  * whole collection's for them (its referrers are all in S, so each member's outside count
  * is the one the collector computes).
