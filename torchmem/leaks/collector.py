@@ -28,20 +28,22 @@ steps:
   by passes over ``gc.get_objects()`` in C (``csrc/torchmem/python/subset_collection.c``).
   That answer is right for any subset (an outside reference only makes an object look
   alive), so the passes stop as soon as every tensor is garbage: usually one. On a heap of
-  287,700 objects (``benchmarks/leak_check_exit_cost.py --whole-heap-too``, alternated, load
-  average 7-9 on 2 cores) a check that left a cycle in the oldest generation cost 52.7 ms
-  median against 118.2 ms with a collection of the whole heap (0.45×): ``gc.get_objects()``
-  and one pass are most of it. The garbage it finds is what that collection's saving
+  287,700 objects (``benchmarks/leak_check_exit_cost.py``, alternated with the code before
+  it, load average 7-11 on 2 cores) a check that left a cycle in the oldest generation cost
+  56-60 ms against 139-143 ms with a collection of the whole heap (0.40-0.42×):
+  ``gc.get_objects()`` and one pass are most of it. The garbage it finds is what that collection's saving
   garbage holds above the tensors, in the same order, so the cycle descriptions are the same;
   it is left to the collector's next full pass, as that collection's was.
 * the **whole heap** (one saving collection, ``collect_saving_garbage``) only when the
   subset cannot decide every block: a tensor something alive holds (or that the passes'
   bound did not reach above), a block no tensor object uses (held through C++), or garbage
   on which a collection would run code (a ``__del__``, a weak reference's callback), which
-  may release blocks or resurrect objects. When the surviving blocks' tensors are still
-  young (``young_tensor_blocks``), the owner search runs before both, for at most one pass
-  over the heap: a block it finds held by a root that is certainly alive (a module global, a
-  test's argument) cannot be garbage's, and only the others go on (``classify``).
+  may release blocks or resurrect objects. Before it, the owner search looks for roots that
+  are certainly alive, for at most one pass over the heap: a block it finds held by one (a
+  module global, a test's argument) cannot be garbage's, and only the others go on
+  (``classify``). When the surviving blocks' tensors are still young
+  (``young_tensor_blocks``), as a global's list or a test's argument keeps them, that search
+  runs before the subset too.
 
 While an exit runs, automatic collections are paused (``pause_automatic_collections``): the
 exit's own allocations must not trigger one that frees survivors unseen.
