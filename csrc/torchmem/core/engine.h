@@ -288,6 +288,17 @@ class Engine {
   // space is no memory: copying or sharing it would fault). NotFound if no
   // segment holds `ptr`.
   absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> BaseAllocation(const void* ptr) const;
+  // The physical pages under the allocated block at `ptr` in an address
+  // range, to share them with another process (CUDA IPC of expandable
+  // segments): `first_page` is the address of the first, `handles` one per
+  // page in address order. NotFound if no allocated block starts at `ptr`,
+  // FailedPrecondition if it is not in an address range.
+  struct SharedPages {
+    std::uintptr_t first_page = 0;
+    std::size_t page_size = 0;
+    std::vector<PhysicalPage> handles;
+  };
+  absl::StatusOr<SharedPages> PagesOfBlock(const void* ptr) const;
   // The segments of `pool` only (kDefaultPool: every segment, as GetSegments).
   std::vector<SegmentInfo> GetSegments(PoolId pool) const;
   // Blocks currently allocated (not pending), in allocation order.
