@@ -40,6 +40,19 @@ EngineRegistry& Registry() {
 
 constexpr std::size_t kBlocksPerChunk = 256;
 
+// Whether a CUDA graph is being captured in any engine of the process. The
+// out-of-memory retry hook runs Python's garbage collector, whose finalizers
+// may make calls a capture forbids from any thread in its default (global)
+// mode: cudaFree, event queries, synchronization.
+bool AnyCaptureUnderway() {
+  EngineRegistry& registry = Registry();
+  MutexLock lock(&registry.mutex);
+  for (const Engine* engine : registry.engines) {
+    if (engine->CaptureUnderway()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook) {
@@ -119,7 +132,7 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
   // The last rung of the ladder runs without the lock: the hook may run
   // Python's garbage collector, whose finalizers free memory through us.
   OutOfMemoryRetryHook hook = g_oom_retry_hook.load(std::memory_order_acquire);
-  if (hook != nullptr && hook()) {
+  if (hook != nullptr && !AnyCaptureUnderway() && hook()) {
     MutexLock lock(&mutex_);
     absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context);
     if (block.ok()) return reinterpret_cast<void*>((*block)->address);
@@ -143,7 +156,7 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
 absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
                                               const Attribution& attribution, ContextId context) {
   if (ABSL_PREDICT_FALSE(outstanding_events_ > 0 || !deferred_until_no_capture_.empty())) {
-    ProcessEventsLocked();
+    if (absl::Status events = ProcessEventsLocked(); !events.ok()) return events;
   }
   const std::size_t rounded = policy_.RoundSize(size);
   const PoolKind kind = policy_.PoolFor(rounded);
@@ -241,9 +254,9 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
     // again. Not during a capture: that needs event synchronization.
     if (!address.ok() && absl::IsResourceExhausted(address.status()) && !capturing) {
       ++stats_.num_alloc_retries;
-      absl::Status reclaimed = SynchronizeAllEvents();
-      absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
-      if (reclaimed.ok()) reclaimed = released;
+      // A broken event is raised, not reported as a full device.
+      if (absl::Status synced = SynchronizeAllEvents(); !synced.ok()) return synced;
+      absl::Status reclaimed = ReleaseFreeSegments(/*default_pool=*/true);
       address = BackendAllocate(segment_size, stream);
       if (!address.ok() && !reclaimed.ok()) {
         // Say why the cache could not make room, or the error would blame a

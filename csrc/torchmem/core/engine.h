@@ -112,6 +112,7 @@ using TraceListener = std::function<void(const TraceEntry& entry)>;
 // Called without the engine's lock when an allocation is about to fail for
 // lack of memory; returns true if it may have freed memory (e.g. it ran
 // Python's garbage collector), in which case the allocation is retried once.
+// Not called while any engine of the process has a capture underway.
 using OutOfMemoryRetryHook = bool (*)();
 void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook);
 
@@ -193,7 +194,8 @@ class Engine {
   // Checks pending blocks' events and caches the blocks whose events all
   // completed (nothing while a capture is underway). A query that fails
   // (rather than "not ready") is counted, warned about once, and the event
-  // synchronized, so that no error pins a stream's blocks forever.
+  // synchronized; if that fails too the block stays pending and the next
+  // allocation returns the error (as PyTorch raises it).
   void ProcessEvents();
 
   // Returns cached memory to the backend, as PyTorch's emptyCache(pool):
@@ -419,7 +421,9 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void MakeReusable(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RecordPendingEvents(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Returns the error of an event that could neither be queried nor waited
+  // for (its block stays pending).
+  absl::Status ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Records the events of blocks freed during a capture, now that none is.
   void RecordDeferredEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RetryUnrecordedEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -432,8 +436,12 @@ class Engine {
   // An event's block is done waiting for it.
   void CompleteEvent(EventId event, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Handles a failed query of `event` on `stream`: counts it, warns once,
-  // waits for the event; returns whether the event may count as complete.
-  bool HandleEventQueryError(StreamId stream, EventId event, const absl::Status& error)
+  // waits for the event; OK when the event may count as complete.
+  absl::Status WaitAfterQueryError(StreamId stream, EventId event, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Counts a failed wait for an event of `stream` and says why its block
+  // stays pending (never ResourceExhausted).
+  absl::Status EventWaitFailure(StreamId stream, const absl::Status& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Waits for every pending event (of `only`'s blocks, if given); returns the
   // first failure (the blocks of that stream stay pending).

@@ -284,13 +284,14 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
     // The ladder: pending blocks become free and every cached page that may
     // go is given back (of released private pools too), then once more.
     ++stats_.num_alloc_retries;
-    absl::Status reclaimed = SynchronizeAllEvents();
+    // A broken event is raised, not reported as a full device.
+    if (absl::Status synced = SynchronizeAllEvents(); !synced.ok()) return synced;
     absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
-    if (!reclaimed.ok() || !released.ok()) {
-      const absl::Status& why = reclaimed.ok() ? released : reclaimed;
+    if (!released.ok()) {
       return absl::Status(failure.code(),
                           absl::StrCat(failure.message(),
-                                       "; the cache could not make room first: ", why.message()));
+                                       "; the cache could not make room first: ",
+                                       released.message()));
     }
   }
   return failure;
