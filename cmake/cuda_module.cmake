@@ -25,6 +25,8 @@ Python3_add_library(_C_cuda MODULE WITH_SOABI
   csrc/torchmem/torch/cuda/cuda_allocator.cc
   csrc/torchmem/torch/cuda/cuda_allocator_reports.cc
   csrc/torchmem/torch/cuda/cuda_engines.cc
+  csrc/torchmem/torch/cuda/cuda_fork_locks.cc
+  csrc/torchmem/torch/cuda/free_memory_callbacks.cc
   csrc/torchmem/torch/cuda/history_contexts.cc
   csrc/torchmem/torch/cuda/ipc.cc
   csrc/torchmem/torch/cuda/pluggable_entry_points.cc

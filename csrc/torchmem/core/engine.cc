@@ -122,10 +122,28 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
   const Attribution attribution = CurrentAttribution();
   const ContextId context = CaptureContext(&context_capture_override_);
   absl::Status failure;
+  const CacheMissHook miss_hook = cache_miss_hook_.load(std::memory_order_acquire);
+  bool cache_missed = false;
   {
     MutexLock lock(&mutex_);
+    absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context,
+                                                  miss_hook != nullptr ? &cache_missed : nullptr);
+    if (ABSL_PREDICT_TRUE(block.ok())) {
+      if (ABSL_PREDICT_TRUE(!cache_missed)) return reinterpret_cast<void*>((*block)->address);
+    } else {
+      failure = block.status();
+    }
+  }
+  // The miss hook runs without the lock (its callbacks free memory through
+  // us), once per allocation: on a miss, or when the virtual-memory
+  // placement found no room. Then the allocation looks again.
+  const bool run_miss_hook =
+      miss_hook != nullptr && (cache_missed || absl::IsResourceExhausted(failure));
+  if (run_miss_hook) {
+    (void)miss_hook();  // looked again either way: a miss then obtains memory
+    MutexLock lock(&mutex_);
     absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context);
-    if (ABSL_PREDICT_TRUE(block.ok())) return reinterpret_cast<void*>((*block)->address);
+    if (block.ok()) return reinterpret_cast<void*>((*block)->address);
     failure = block.status();
   }
   if (!absl::IsResourceExhausted(failure)) return failure;
@@ -154,7 +172,8 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
 }
 
 absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
-                                              const Attribution& attribution, ContextId context) {
+                                              const Attribution& attribution, ContextId context,
+                                              bool* cache_missed) {
   if (ABSL_PREDICT_FALSE(outstanding_events_ > 0 || !deferred_until_no_capture_.empty())) {
     if (absl::Status events = ProcessEventsLocked(); !events.ok()) return events;
   }
@@ -185,6 +204,11 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
   // Best fit over this stream's free blocks of the pool: O(1), and in the
   // common case of a training loop, a block of exactly this size.
   Block* block = TakeCachedBlock(lists, rounded);
+  if (block == nullptr && cache_missed != nullptr) {
+    *cache_missed = true;
+    DropStreamListsIfEmpty(owner, stream);
+    return nullptr;
+  }
   if (block == nullptr) {
     absl::StatusOr<Block*> fresh = NewSegment(rounded, kind, stream, owner, context);
     if (!fresh.ok()) {

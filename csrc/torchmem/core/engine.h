@@ -116,6 +116,14 @@ using TraceListener = std::function<void(const TraceEntry& entry)>;
 using OutOfMemoryRetryHook = bool (*)();
 void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook);
 
+// Called without the engine's lock when an allocation finds no cached block
+// (PyTorch's placement) or finds no room (virtual-memory placement), before
+// the engine asks the backend for memory or runs the out-of-memory ladder;
+// returns true if it may have freed memory. The allocation then looks again.
+// PyTorch's FreeCudaMemoryCallbacksRegistry (torch's cuda_ipc_collect frees
+// the blocks other processes are done with) is run through it.
+using CacheMissHook = bool (*)();
+
 // The per-scope list of blocks allocated (or pending) under a scope.
 struct ScopeBlocks {
   ScopeId scope = kNoScope;
@@ -310,6 +318,10 @@ class Engine {
   // torchmem._C_cuda sets one while PyTorch's history asks for C++ or
   // TorchScript frames; other engines keep the plain Python stacks.
   void SetContextCaptureOverride(ContextCaptureFn hook);
+  // See CacheMissHook (nullptr: none).
+  void SetCacheMissHook(CacheMissHook hook) {
+    cache_miss_hook_.store(hook, std::memory_order_release);
+  }
   void SetTraceListener(TraceListener listener);
   std::vector<TraceEntry> GetTrace() const;
   // Records a kSnapshot entry (PyTorch's snapshot marker).
@@ -347,8 +359,11 @@ class Engine {
     Block* block;
   };
 
+  // With `cache_missed`, a request that no cached block serves (PyTorch's
+  // placement) sets it and returns nullptr instead of obtaining memory.
   absl::StatusOr<Block*> AllocateLocked(std::size_t size, StreamId stream,
-                                        const Attribution& attribution, ContextId context)
+                                        const Attribution& attribution, ContextId context,
+                                        bool* cache_missed = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The private pool of the newest open route accepting `stream`, or nullptr.
   PrivatePool* RouteFor(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -440,7 +455,7 @@ class Engine {
   absl::Status WaitAfterQueryError(StreamId stream, EventId event, const absl::Status& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Counts a failed wait for an event of `stream` and says why its block
-  // stays pending (never ResourceExhausted).
+  // stays pending (with the backend's error code).
   absl::Status EventWaitFailure(StreamId stream, const absl::Status& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Waits for every pending event (of `only`'s blocks, if given); returns the
@@ -544,6 +559,7 @@ class Engine {
   std::uint32_t trace_skip_mask_ ABSL_GUARDED_BY(mutex_) = 0;
   std::atomic<bool> trace_free_context_{false};
   std::atomic<ContextCaptureFn> context_capture_override_{nullptr};
+  std::atomic<CacheMissHook> cache_miss_hook_{nullptr};
   TraceListener trace_listener_ ABSL_GUARDED_BY(mutex_);
 
   // Private pools by id, open routes (newest last), stream captures marked.

@@ -124,15 +124,11 @@ absl::Status Engine::WaitAfterQueryError(StreamId stream, EventId event,
 
 absl::Status Engine::EventWaitFailure(StreamId stream, const absl::Status& error) {
   ++event_sync_errors_;
-  // Never ResourceExhausted: the out-of-memory ladder must not take a broken
-  // event for a full device.
-  const absl::StatusCode code = absl::IsResourceExhausted(error) ? absl::StatusCode::kInternal
-                                                                 : error.code();
-  return absl::Status(
-      code, absl::StrFormat("torchmem: waiting for an event that guards a freed block on stream "
-                            "%#x of %s failed (%s); the block stays in use, since that stream "
-                            "may still read or write it",
-                            stream, device_name_, error.message()));
+  return absl::Status(error.code(),
+                      absl::StrFormat("torchmem: waiting for an event that guards a freed block "
+                                      "on stream %#x of %s failed (%s); the block stays in use, "
+                                      "since that stream may still read or write it",
+                                      stream, device_name_, error.message()));
 }
 
 absl::Status Engine::ProcessEventsLocked() {

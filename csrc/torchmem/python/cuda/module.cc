@@ -18,6 +18,7 @@
 #include "torchmem/torch/cuda/alloc_config.h"
 #include "torchmem/torch/cuda/cuda_allocator.h"
 #include "torchmem/torch/cuda/cuda_engines.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
 #include "torchmem/torch/cuda/pluggable_entry_points.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
 
@@ -34,6 +35,7 @@ PYBIND11_MODULE(_C_cuda, m) {
   }
   torchmem::torch_glue::RegisterCudaEngineProvider();
   torchmem::torch_glue::RegisterTracebackUnwinder();
+  torchmem::torch_glue::RegisterCudaForkLocks();
 
   m.def(
       "allocator", []() { return torchmem::torch_glue::TorchmemCudaAllocator(); },
@@ -77,4 +79,32 @@ PYBIND11_MODULE(_C_cuda, m) {
       },
       "name -> (exported symbol, function address) of each CUDAPluggableAllocator entry point "
       "of the reduced route (this module's file exports the symbols)");
+
+  m.def("fork_lock_names", &torchmem::torch_glue::CudaForkLockNames,
+        "The CUDA glue's locks held across fork() (for tests)");
+  m.def(
+      "hold_fork_lock",
+      [](const std::string& name, int milliseconds) {
+        absl::Status held;
+        {
+          py::gil_scoped_release release;
+          held = torchmem::torch_glue::HoldCudaForkLock(name, milliseconds);
+        }
+        if (!held.ok()) throw std::invalid_argument(std::string(held.message()));
+      },
+      py::arg("name"), py::arg("milliseconds"),
+      "Holds one of those locks on this thread for a while, without the GIL (for tests)");
+  m.def("fork_lock_held", &torchmem::torch_glue::CudaForkLockHeld,
+        "Whether hold_fork_lock holds its lock now (for tests)");
+  m.def(
+      "take_fork_lock",
+      [](const std::string& name) {
+        absl::Status taken;
+        {
+          py::gil_scoped_release release;
+          taken = torchmem::torch_glue::TakeCudaForkLock(name);
+        }
+        if (!taken.ok()) throw std::invalid_argument(std::string(taken.message()));
+      },
+      py::arg("name"), "Takes and releases one of those locks (for tests)");
 }

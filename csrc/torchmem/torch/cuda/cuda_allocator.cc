@@ -24,6 +24,8 @@
 #include "torchmem/backends/cuda_streams.h"
 #include "torchmem/core/warnings.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
+#include "torchmem/torch/cuda/free_memory_callbacks.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -105,6 +107,7 @@ void RawDeleteUncached(void* ptr) {
 
 TorchmemCudaAllocatorImpl::TorchmemCudaAllocatorImpl() {
   SetCudaEngineInitializer(&ConfigureNewEngineTrampoline);
+  RegisterCudaForkLocks();
 }
 
 namespace {
@@ -120,6 +123,10 @@ const std::shared_ptr<TorchmemCudaAllocatorImpl>& SharedAllocator() {
 }  // namespace
 
 TorchmemCudaAllocatorImpl& AllocatorImpl() { return *SharedAllocator(); }
+
+void LockAllocatorForFork() { AllocatorImpl().LockForFork(); }
+
+void UnlockAllocatorAfterFork() { AllocatorImpl().UnlockAfterFork(); }
 
 std::shared_ptr<cca::CUDAAllocator> TorchmemCudaAllocator() { return SharedAllocator(); }
 
@@ -183,6 +190,7 @@ void TorchmemCudaAllocatorImpl::ConfigureNewEngine(int device, Engine& engine) {
   if (!adopted.ok()) Warn(adopted.message());
   engine.SetGarbageCollectionThreshold(settings.garbage_collection_threshold);
   ApplyPlacement(engine, settings.expandable_segments);
+  engine.SetCacheMissHook(&RunFreeCudaMemoryCallbacks);
   if (settings.per_process_memory_fraction < 1.0) {
     // Not setMemoryFraction(): the engine is not published yet.
     const double fraction = settings.per_process_memory_fraction;
