@@ -30,6 +30,7 @@ Python3_add_library(_C_cuda MODULE WITH_SOABI
   csrc/torchmem/torch/cuda/history_contexts.cc
   csrc/torchmem/torch/cuda/ipc.cc
   csrc/torchmem/torch/cuda/pluggable_entry_points.cc
+  csrc/torchmem/torch/cuda/trace_tracker_recorder.cc
   csrc/torchmem/torch/cuda/traceback_contexts.cc
 )
 target_include_directories(_C_cuda SYSTEM PRIVATE

@@ -402,7 +402,8 @@ class Engine {
   // The engine's VmmSpace, created on first use; an error if the backend
   // has no virtual memory.
   absl::StatusOr<VmmSpace*> Vmm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void OnPagesMapped(Segment& range, std::int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // range_bytes_ from the device's capacity now.
   absl::Status SizeRanges(std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Bytes of `segment` that hold memory: its size, or a range's mapped pages.

@@ -20,6 +20,7 @@
 #include "torchmem/torch/cuda/cuda_engines.h"
 #include "torchmem/torch/cuda/cuda_fork_locks.h"
 #include "torchmem/torch/cuda/pluggable_entry_points.h"
+#include "torchmem/torch/cuda/trace_tracker_recorder.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
 
 namespace py = pybind11;
@@ -107,4 +108,23 @@ PYBIND11_MODULE(_C_cuda, m) {
         if (!taken.ok()) throw std::invalid_argument(std::string(taken.message()));
       },
       py::arg("name"), "Takes and releases one of those locks (for tests)");
+
+  m.def("attach_recording_trace_tracker", &torchmem::torch_glue::AttachRecordingTraceTracker,
+        "Attaches a trace tracker through PyTorch's attachAllocatorTraceTracker that records "
+        "what the current CUDA allocator tells it (once per process; for tests)");
+  m.def(
+      "recorded_trace_entries",
+      []() {
+        py::list entries;
+        for (const auto& entry : torchmem::torch_glue::RecordedTraceEntries()) {
+          py::dict d;
+          d["action"] = entry.action;
+          d["device"] = entry.device;
+          d["addr"] = entry.address;
+          d["size"] = entry.size;
+          entries.append(d);
+        }
+        return entries;
+      },
+      "What that tracker recorded: dicts of action, device, addr, size (for tests)");
 }
