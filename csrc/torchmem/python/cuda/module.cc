@@ -15,6 +15,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "torchmem/core/shared_library.h"
+#include "torchmem/torch/torch_version.h"
 #include "torchmem/torch/cuda/alloc_config.h"
 #include "torchmem/torch/cuda/cuda_allocator.h"
 #include "torchmem/torch/cuda/cuda_engines.h"
@@ -127,4 +128,20 @@ PYBIND11_MODULE(_C_cuda, m) {
         return entries;
       },
       "What that tracker recorded: dicts of action, device, addr, size (for tests)");
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // getExpandableSegmentSizes arrived in torch 2.10
+  m.def(
+      "expandable_segment_sizes",
+      [](c10::DeviceIndex device) {
+        py::list sizes;
+        for (const auto& size :
+             c10::cuda::CUDACachingAllocator::getExpandableSegmentSizes(device)) {
+          sizes.append(py::make_tuple(reinterpret_cast<std::uintptr_t>(size.stream),
+                                      size.is_small_pool, size.total_size));
+        }
+        return sizes;
+      },
+      py::arg("device"),
+      "c10::cuda::CUDACachingAllocator::getExpandableSegmentSizes through PyTorch's current "
+      "CUDA allocator: (stream, is_small_pool, total_size) per expandable segment (for tests)");
+#endif
 }

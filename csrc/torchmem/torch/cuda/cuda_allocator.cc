@@ -407,7 +407,17 @@ void* TorchmemCudaAllocatorImpl::getBaseAllocation(void* ptr, size_t* size) {
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)
 std::vector<cca::StreamSegmentSize> TorchmemCudaAllocatorImpl::ExpandableSegmentSizes(
     c10::DeviceIndex device) {
-  return {};  // torchmem makes no expandable segments (yet)
+  // As PyTorch's: one entry per expandable segment (torchmem's virtual-memory
+  // ranges, of every pool), with its stream, pool and mapped bytes.
+  std::vector<cca::StreamSegmentSize> sizes;
+  Engine* engine = ExistingCudaEngine(device);
+  if (engine == nullptr) return sizes;
+  for (const SegmentInfo& segment : engine->GetSegments()) {
+    if (!segment.vmm) continue;
+    sizes.emplace_back(reinterpret_cast<cudaStream_t>(segment.stream),
+                       segment.pool == PoolKind::kSmall, segment.mapped_bytes);
+  }
+  return sizes;
 }
 #endif
 
