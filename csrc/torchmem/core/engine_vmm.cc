@@ -57,10 +57,8 @@ absl::StatusOr<VmmSpace*> Engine::Vmm() {
   if (absl::Status sized = SizeRanges(*page); !sized.ok()) return sized;
   vmm_ = std::make_unique<VmmSpace>(
       *backend_, *page,
-      [this](Segment& range, std::uintptr_t address,
-             std::int64_t pages) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        OnPagesMapped(range, address, pages);
-      });
+      [this](Segment& range, std::uintptr_t address, std::int64_t pages)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS { OnPagesMapped(range, address, pages); });
   return vmm_.get();
 }
 

@@ -38,9 +38,8 @@ const NamedLock* Find(const std::string& name) {
 }
 
 absl::Status UnknownLock(const std::string& name) {
-  return absl::InvalidArgumentError(absl::StrCat("no CUDA fork lock named '", name,
-                                                 "' (known: ", absl::StrJoin(CudaForkLockNames(), ", "),
-                                                 ")"));
+  return absl::InvalidArgumentError(absl::StrCat("no CUDA fork lock named '", name, "' (known: ",
+                                                 absl::StrJoin(CudaForkLockNames(), ", "), ")"));
 }
 
 }  // namespace
