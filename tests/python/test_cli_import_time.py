@@ -87,3 +87,22 @@ def test_a_lazy_import_inside_the_loop_is_recognized_too(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "torchmem.leak_check: no leaks" in result.stderr
     assert "allocated while metriclib.text was imported" in result.stderr
+
+
+def test_classifying_a_report_without_module_held_blocks_does_not_walk_the_imported_modules(monkeypatch):
+    # The pytest plugin classifies every test's report: the pass over sys.modules (milliseconds)
+    # is for findings held by module-level state only.
+    from types import SimpleNamespace
+
+    from torchmem.integrations import import_time
+    from torchmem.leaks.kinds import REACHABLE
+
+    def walked():
+        raise AssertionError("sys.modules walked for a report with no module-held block")
+
+    monkeypatch.setattr(import_time, "_module_names", walked)
+    held_by_a_local = SimpleNamespace(kind=REACHABLE, owners=[SimpleNamespace(kind="local")], frames=[])
+    report = SimpleNamespace(findings=[held_by_a_local])
+
+    assert import_time.classify(report, None) is report
+    assert import_time.classify(SimpleNamespace(findings=[]), None).findings == []

@@ -61,7 +61,9 @@ def importing_module(finding, main_file: str | None, names: dict[str, str]) -> s
 
 def classify(report, main_file: str | None):
     """``report`` with the import-time blocks kept by module globals reported as allowed."""
-    names = _module_names()
+    # Built only for a finding that could be import-time: the pass over sys.modules costs
+    # milliseconds, and the pytest plugin classifies every test's report.
+    names = None
     findings = []
     changed = False
     for finding in report.findings:
@@ -69,6 +71,8 @@ def classify(report, main_file: str | None):
         if finding.kind == REACHABLE and finding.owners and all(
             owner.kind in _LASTING_HOLDERS for owner in finding.owners
         ):
+            if names is None:
+                names = _module_names()
             module = importing_module(finding, main_file, names)
         if module is None:
             findings.append(finding)
