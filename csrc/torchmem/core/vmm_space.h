@@ -145,7 +145,14 @@ class VmmSpace {
   // overlapping it, recounted by the engine); an empty string if they hold.
   std::string Check(const absl::flat_hash_map<std::uint64_t, std::int32_t>& references) const;
 
-  std::uint64_t PageOf(std::uintptr_t address) const { return address >> page_shift_; }
+  // Pages are numbered from address 0, so a range's first page starts at its
+  // base only if the base is a multiple of the page size (the engine aligns
+  // ranges so). A shift where the page size is a power of two (the small
+  // pool's 2 MiB), a division otherwise (the large pool's 20 MiB).
+  std::uint64_t PageOf(std::uintptr_t address) const {
+    return page_shift_ >= 0 ? address >> page_shift_ : address / page_size_;
+  }
+  std::uintptr_t AddressOf(std::uint64_t index) const { return index * page_size_; }
 
  private:
   struct Page {
@@ -252,7 +259,7 @@ class VmmSpace {
 
   Backend& backend_;
   const std::size_t page_size_;
-  const int page_shift_;
+  const int page_shift_;  // log2(page_size_), or -1 if it is not a power of two
   const MappedListener listener_;
   absl::btree_map<std::uintptr_t, Segment*> ranges_;  // by base address
   // Mapped pages by index (address / page size).

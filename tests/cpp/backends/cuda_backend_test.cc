@@ -232,12 +232,12 @@ TEST_F(CudaBackendTest, VirtualMemoryPagesAreDeviceMemoryMappedIntoAReservedRang
   ASSERT_TRUE(range.ok()) << range.status();
   EXPECT_EQ(*range % *page, 0u);
   EXPECT_EQ(sim().live_bytes(1), before) << "address space costs no memory";
-  absl::StatusOr<PhysicalPage> first = backend.CreatePhysicalPage();
-  absl::StatusOr<PhysicalPage> second = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> first = backend.CreatePhysicalPage(2 * kMiB);
+  absl::StatusOr<PhysicalPage> second = backend.CreatePhysicalPage(2 * kMiB);
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(sim().live_bytes(1), before + 4 * kMiB);
-  ASSERT_TRUE(backend.MapPage(*range + 2 * kMiB, *first).ok());
-  ASSERT_TRUE(backend.MapPage(*range + 4 * kMiB, *second).ok());
+  ASSERT_TRUE(backend.MapPage(*range + 2 * kMiB, *first, 2 * kMiB).ok());
+  ASSERT_TRUE(backend.MapPage(*range + 4 * kMiB, *second, 2 * kMiB).ok());
   ASSERT_TRUE(backend.SetAccess(*range + 2 * kMiB, 4 * kMiB).ok());
   // A copy across the boundary of the two pages lands in both.
   std::vector<unsigned char> out(kMiB, 0x5a);
@@ -269,9 +269,9 @@ TEST_F(CudaBackendTest, APhysicalPageBeyondTheDeviceIsResourceExhausted) {
   ASSERT_EQ(sim().set_memory_capacity(0, 2 * kMiB), 0);
   CudaBackend backend(0);
   ASSERT_TRUE(backend.VirtualMemoryPageSize().ok());
-  absl::StatusOr<PhysicalPage> fits = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> fits = backend.CreatePhysicalPage(2 * kMiB);
   ASSERT_TRUE(fits.ok()) << fits.status();
-  absl::StatusOr<PhysicalPage> beyond = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> beyond = backend.CreatePhysicalPage(2 * kMiB);
   EXPECT_TRUE(absl::IsResourceExhausted(beyond.status())) << beyond.status();
   EXPECT_TRUE(absl::StrContains(beyond.status().message(), "cuMemCreate")) << beyond.status();
   EXPECT_TRUE(absl::StrContains(beyond.status().message(), "CUDA_ERROR_OUT_OF_MEMORY"))
