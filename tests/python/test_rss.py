@@ -200,7 +200,7 @@ def test_bad_arguments_are_refused_with_a_message_that_says_what_to_pass():
         torchmem.rss_delta({}, report)
     with pytest.raises(ValueError, match="threshold must be an int >= 0"):
         torchmem.rss_delta(report, report, threshold=-1)
-    with pytest.raises(ValueError, match="threshold must be an int >= 0"):
+    with pytest.raises(TypeError, match="threshold must be an int >= 0"):
         torchmem.RssMonitor(threshold=1.5)
     with pytest.raises(KeyError, match="pid 1 is not in this report"):
         report.process(1)

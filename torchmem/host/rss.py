@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 
 from torchmem._support.tables import render_table
 from torchmem._support.units import format_bytes
+from torchmem._support.validate import require_int
 
 __all__ = ["ProcessMemory", "RssReport", "ProcessDelta", "RssDelta", "RssMonitor", "rss_report", "rss_delta"]
 
@@ -507,8 +508,7 @@ def rss_delta(before: RssReport, after: RssReport, threshold: int = DEFAULT_THRE
         if not isinstance(report, RssReport):
             raise TypeError(f"torchmem.rss_delta: {which} must be an RssReport (from torchmem.rss_report()), "
                             f"got {type(report).__name__}")
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-        raise ValueError(f"torchmem.rss_delta: threshold must be an int >= 0 (bytes), got {threshold!r}")
+    require_int(threshold, what="torchmem.rss_delta: threshold", minimum=0, meaning="bytes")
     if before.main.pid != after.main.pid:
         raise ValueError(
             f"torchmem.rss_delta: the reports come from different processes (pid {before.main.pid} and "
@@ -540,8 +540,7 @@ class RssMonitor:
     """
 
     def __init__(self, children: bool = True, threshold: int = DEFAULT_THRESHOLD):
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-            raise ValueError(f"torchmem.RssMonitor: threshold must be an int >= 0 (bytes), got {threshold!r}")
+        require_int(threshold, what="torchmem.RssMonitor: threshold", minimum=0, meaning="bytes")
         self.children = children
         self.threshold = threshold
         self.first = rss_report(children=children)

@@ -52,6 +52,7 @@ from torchmem.stacks import capture as stack_capture
 from torchmem import _C
 from torchmem._support.units import format_bytes, parse_bytes
 from torchmem._support.files import short_path
+from torchmem._support.validate import require_int
 from torchmem.leaks.classify import Classifier
 from torchmem.leaks.report import Finding, LeakError, LeakReport
 
@@ -305,8 +306,7 @@ class leak_check:  # noqa: N801 - used like a function, as torch.no_grad is
         cycle_repeats: int = cycle_policy.DEFAULT_REPEATS,
         allow_held_by: dict | None = None,
     ):
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"torchmem.leak_check: warmup must be an int >= 0 (entries to allow), got {warmup!r}")
+        require_int(warmup, what="torchmem.leak_check: warmup", minimum=0, meaning="entries to allow")
         self.raise_on_leak = bool(raise_on_leak)
         self.gc_collect = bool(gc_collect)
         self.allow_tags = _normalize_tags(allow_tags)

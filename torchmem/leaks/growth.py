@@ -42,6 +42,7 @@ from torchmem.reports import categories as _categories
 from torchmem.stacks import capture as stack_capture
 from torchmem.stacks import frames as stack_frames
 from torchmem._support.files import short_path
+from torchmem._support.validate import require_int
 from torchmem.stacks.frames import allocation_site
 
 __all__ = ["GrowthMonitor", "GrowthReport", "Growth"]
@@ -68,10 +69,8 @@ class GrowthMonitor:
     """
 
     def __init__(self, warmup: int = 2, devices=None, *, by_site: bool = True, min_steps: int = 2):
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"torchmem.GrowthMonitor: warmup must be an int >= 0 (steps), got {warmup!r}")
-        if isinstance(min_steps, bool) or not isinstance(min_steps, int) or min_steps < 1:
-            raise ValueError(f"torchmem.GrowthMonitor: min_steps must be an int >= 1, got {min_steps!r}")
+        require_int(warmup, what="torchmem.GrowthMonitor: warmup", minimum=0, meaning="steps")
+        require_int(min_steps, what="torchmem.GrowthMonitor: min_steps", minimum=1, meaning="steps")
         self.warmup = warmup
         self.min_steps = min_steps
         self.by_site = bool(by_site)

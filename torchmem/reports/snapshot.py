@@ -56,6 +56,7 @@ import torch
 
 import torchmem
 from torchmem._support.locks import ForkSafeLock
+from torchmem._support.validate import require_int
 from torchmem.reports import devices as _report_devices
 from torchmem.reports.devices import DevicesArg
 
@@ -116,10 +117,7 @@ def record_trace(
 
     if sample_interval is None:
         sample_interval = timeline.DEFAULT_INTERVAL
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int):
-        raise TypeError(f"torchmem.record_trace: max_entries must be an int, got {max_entries!r}")
-    if max_entries < 0:
-        raise ValueError(f"torchmem.record_trace: max_entries must be >= 0 (0 stops), got {max_entries}")
+    require_int(max_entries, what="torchmem.record_trace: max_entries", minimum=0, meaning="0 stops")
     from torchmem.stacks import capture as stack_capture
 
     with _trace_lock:

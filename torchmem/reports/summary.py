@@ -18,6 +18,7 @@ from torchmem.reports import categories as _categories
 from torchmem.reports import devices as _report_devices
 from torchmem._support.tables import render_rows, render_table
 from torchmem._support.units import format_bytes
+from torchmem._support.validate import require_int
 from torchmem.reports.devices import DevicesArg
 
 __all__ = ["summary", "FORMATS"]
@@ -66,8 +67,7 @@ def summary(devices: DevicesArg = None, format: str = "text", top: int = DEFAULT
     """
     if not isinstance(format, str) or format not in FORMATS:
         raise ValueError(f"torchmem.summary: format must be one of {', '.join(map(repr, FORMATS))}; got {format!r}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise ValueError(f"torchmem.summary: top must be an int >= 0 (sites listed per device), got {top!r}")
+    require_int(top, what="torchmem.summary: top", minimum=0, meaning="sites listed per device")
     data = summary_dict(devices, top=top)
     if format == "dict":
         return data

@@ -23,6 +23,7 @@ import threading
 import time
 
 from torchmem._support.locks import ForkSafeLock
+from torchmem._support.validate import require_seconds
 
 __all__ = ["start", "stop", "is_recording", "sample", "sample_if_recording", "samples", "DEFAULT_INTERVAL"]
 
@@ -67,8 +68,7 @@ def start(interval: float = DEFAULT_INTERVAL, max_samples: int = DEFAULT_MAX_SAM
     """Starts recording samples (again, empty, if already recording). ``interval`` 0: no
     background thread, only the samples tracking and the user take."""
     global _recording
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
-        raise ValueError(f"torchmem timeline: interval must be seconds >= 0, got {interval!r}")
+    require_seconds(interval, what="torchmem timeline: interval", allow_zero=True)
     stop()
     recording = _Recording(float(interval), max_samples)
     with _lock:
