@@ -25,8 +25,9 @@
 //     releases them during a capture.
 //   - Virtual memory (the engine's kVirtualMemory placement, PyTorch's
 //     expandable_segments): the driver's cuMem* calls (cuda_driver.h) on
-//     the backend's device. Pages are the device's minimum allocation
-//     granularity (2 MiB on current GPUs), pinned device memory with no
+//     the backend's device. Pages are multiples of the device's minimum
+//     allocation granularity (2 MiB on current GPUs) of the size the engine
+//     asks (20 MiB in the large pool), pinned device memory with no
 //     shareable handle (so VMM memory cannot be shared through CUDA IPC),
 //     read-write for this device and for the peers added with AddPeer
 //     (PyTorch's enablePeerAccess: a peer then reads and writes every page

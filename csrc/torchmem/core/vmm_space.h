@@ -3,8 +3,12 @@
 //
 // With a backend that has the driver's virtual memory API, the engine
 // reserves one address range per (pool, stream, small/large) once and places
-// blocks in it (page_fit.h); this class decides which 2 MiB pages of those
-// ranges hold physical memory and makes the backend calls:
+// blocks in it (page_fit.h); a VmmSpace decides which pages of its ranges
+// hold physical memory and makes the backend calls. Its pages all have one
+// size, a multiple of the backend's page: the engine has a space per pool
+// kind (2 MiB pages in the small pool, 20 MiB in the large one, PyTorch's
+// expandable segments' handle sizes), and a page is one physical handle,
+// created, mapped and unmapped whole:
 //   - a page is "touched" while a live block (allocated or pending) overlaps
 //     it; a touched page is always mapped;
 //   - when a block is handed out, its untouched pages that are not mapped get
