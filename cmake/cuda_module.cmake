@@ -27,7 +27,9 @@ Python3_add_library(_C_cuda MODULE WITH_SOABI
   csrc/torchmem/torch/cuda/cuda_engines.cc
   csrc/torchmem/torch/cuda/history_contexts.cc
   csrc/torchmem/torch/cuda/ipc.cc
+  csrc/torchmem/torch/cuda/ipc_expandable.cc
   csrc/torchmem/torch/cuda/pluggable_entry_points.cc
+  csrc/torchmem/torch/cuda/pool_allocator_source.cc
   csrc/torchmem/torch/cuda/traceback_contexts.cc
 )
 target_include_directories(_C_cuda SYSTEM PRIVATE

@@ -1,5 +1,7 @@
 #include "torchmem/backends/cuda_backend.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "torchmem/backends/cuda_address_registry.h"
@@ -216,9 +218,10 @@ CUmemAllocationProp PagePropertiesOf(int device) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
-  // No shareable handle: torchmem does not export VMM pages (CUDA IPC of
-  // such memory is refused with a message, see torch/cuda/ipc.cc).
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  // Exportable as a POSIX file descriptor, as PyTorch creates its
+  // expandable segments' handles: CUDA IPC of a tensor in these pages
+  // exports them (ShareablePage).
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
 
@@ -326,7 +329,28 @@ absl::Status CudaBackend::ReleasePhysicalPage(PhysicalPage page) {
       r != CUDA_SUCCESS) {
     return DriverError(r, absl::StrFormat("cuMemRelease(handle %#x)", page));
   }
+  std::lock_guard<std::mutex> lock(shared_mutex_);
+  if (auto it = shared_pages_.find(page); it != shared_pages_.end()) {
+    ::close(it->second);
+    shared_pages_.erase(it);
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> CudaBackend::ShareablePage(PhysicalPage page) {
+  absl::StatusOr<const CudaDriver*> driver = VmmDriver();
+  if (!driver.ok()) return driver.status();
+  std::lock_guard<std::mutex> lock(shared_mutex_);
+  if (auto it = shared_pages_.find(page); it != shared_pages_.end()) return it->second;
+  int fd = -1;
+  if (CUresult r = (*driver)->cuMemExportToShareableHandle(
+          &fd, static_cast<CUmemGenericAllocationHandle>(page),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, absl::StrFormat("cuMemExportToShareableHandle(handle %#x)", page));
+  }
+  shared_pages_.emplace(page, fd);
+  return fd;
 }
 
 absl::Status CudaBackend::MapPage(std::uintptr_t address, PhysicalPage page, std::size_t size) {

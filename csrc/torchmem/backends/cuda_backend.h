@@ -43,10 +43,12 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 
 #include "torchmem/backends/cuda_driver.h"
@@ -80,6 +82,14 @@ class CudaBackend final : public Backend {
 
   int device() const { return device_; }
 
+  // A POSIX file descriptor of `page` (cuMemExportToShareableHandle), for
+  // another process to import (CUDA IPC of expandable segments, as PyTorch
+  // shares them). Exported once per page and kept open until the page is
+  // released, as PyTorch keeps its segments' descriptors: a consumer takes
+  // its own copy with pidfd_getfd while the producer still has it.
+  // Thread-safe against the engine's calls.
+  absl::StatusOr<int> ShareablePage(PhysicalPage page);
+
   // Lets `peer` read and write the virtual-memory pages this backend maps
   // from now on (the engine re-grants the pages already mapped:
   // Engine::RefreshVirtualMemoryAccess). Thread-safe.
@@ -109,6 +119,9 @@ class CudaBackend final : public Backend {
   // Bit d: device d may access this backend's mapped pages (bit device_
   // is implied). Devices are below 64 (torch_glue::kMaxCudaDevices).
   std::atomic<std::uint64_t> peers_{0};
+  // Descriptors ShareablePage exported, by page (closed on release).
+  std::mutex shared_mutex_;
+  absl::flat_hash_map<PhysicalPage, int> shared_pages_;
   // Set by the first successful VirtualMemoryPageSize (0 until then).
   const CudaDriver* driver_ = nullptr;
   std::size_t page_size_ = 0;

@@ -46,6 +46,8 @@ absl::StatusOr<CudaDriver> Load() {
            Resolve(driver.cuMemMap, "cuMemMap"),
            Resolve(driver.cuMemUnmap, "cuMemUnmap"),
            Resolve(driver.cuMemSetAccess, "cuMemSetAccess"),
+           Resolve(driver.cuMemExportToShareableHandle, "cuMemExportToShareableHandle"),
+           Resolve(driver.cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
        }) {
     if (!status.ok()) return status;
   }

@@ -39,6 +39,13 @@ struct CudaDriver {
                        unsigned long long) = nullptr;
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  // CUDA IPC of virtual memory (POSIX file descriptors, as PyTorch shares
+  // expandable segments).
+  CUresult (*cuMemExportToShareableHandle)(void*, CUmemGenericAllocationHandle,
+                                           CUmemAllocationHandleType,
+                                           unsigned long long) = nullptr;
+  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,
+                                             CUmemAllocationHandleType) = nullptr;
 
   // "cuMemMap failed: CUDA_ERROR_X (description)" style text for `result`.
   std::string Describe(CUresult result) const;

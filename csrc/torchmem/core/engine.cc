@@ -89,7 +89,7 @@ Engine::~Engine() {
     if (segment->vmm) {
       (void)backend_->ReleaseAddressRange(segment->reservation, segment->reservation_size);
     } else {
-      (void)backend_->ReleaseSegment(address, segment->size);
+      (void)BackendRelease(address, segment->size, segment->owner);
     }
   }
 }
@@ -158,9 +158,10 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
     ++gc_clock_;
   }
   if (ABSL_PREDICT_FALSE(placement_ == Placement::kVirtualMemory) &&
-      (owner == nullptr || !owner->no_split)) {
+      (owner == nullptr || (!owner->no_split && owner->source == nullptr))) {
     // A MemPool that never splits keeps PyTorch's segments: a range is one
-    // block until split.
+    // block until split. A pool with its own allocator gets its memory
+    // from that allocator only.
     absl::StatusOr<Block*> placed = AllocateInRange(rounded, kind, stream, owner, context);
     if (!placed.ok()) {
       DropStreamListsIfEmpty(owner, stream);
@@ -225,7 +226,7 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   if (ABSL_PREDICT_FALSE(gc_threshold_ > 0.0 && memory_limit_ != 0) && !capturing) {
     CollectGarbage();
   }
-  absl::StatusOr<std::uintptr_t> address = BackendAllocate(segment_size, stream);
+  absl::StatusOr<std::uintptr_t> address = BackendAllocate(segment_size, stream, owner);
   if (!address.ok() && absl::IsResourceExhausted(address.status())) {
     // A MemPool that opted in (use_on_oom) lends its free blocks to the
     // default pool before anything is released.
@@ -237,7 +238,7 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
     // Second rung: release oversize blocks enough for this request
     // (PyTorch's release_available_cached_blocks).
     if (policy_.HasMaxSplit() && !capturing && ReleaseOversizeBlocks(lists, segment_size)) {
-      address = BackendAllocate(segment_size, stream);
+      address = BackendAllocate(segment_size, stream, owner);
     }
     // Third rung: give every releasable cached segment back, then ask
     // again. Not during a capture: that needs event synchronization.
@@ -246,7 +247,7 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
       absl::Status reclaimed = SynchronizeAllEvents();
       absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
       if (reclaimed.ok()) reclaimed = released;
-      address = BackendAllocate(segment_size, stream);
+      address = BackendAllocate(segment_size, stream, owner);
       if (!address.ok() && !reclaimed.ok()) {
         // Say why the cache could not make room, or the error would blame a
         // full device while the cache still holds the memory.
@@ -297,7 +298,8 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
   return block;
 }
 
-absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size, StreamId stream) {
+absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size, StreamId stream,
+                                                       PrivatePool* owner) {
   const std::int64_t reserved = stats_.reserved_bytes.all().current;
   if (memory_limit_ != 0 && static_cast<std::size_t>(reserved) + segment_size > memory_limit_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -306,14 +308,25 @@ absl::StatusOr<std::uintptr_t> Engine::BackendAllocate(std::size_t segment_size,
         FormatBytes(reserved + static_cast<std::int64_t>(segment_size)),
         FormatBytes(static_cast<std::int64_t>(memory_limit_))));
   }
-  absl::StatusOr<std::uintptr_t> address = backend_->AllocateSegment(segment_size, stream);
+  absl::StatusOr<std::uintptr_t> address =
+      owner != nullptr && owner->source != nullptr
+          ? owner->source->AllocateSegment(segment_size, stream)
+          : backend_->AllocateSegment(segment_size, stream);
   if (address.ok() && *address % policy_.min_block_size != 0) {
-    (void)backend_->ReleaseSegment(*address, segment_size);
+    (void)BackendRelease(*address, segment_size, owner);
     return absl::InternalError(
         absl::StrFormat("backend %s returned a segment at %#x, not aligned to %d bytes",
                         device_name_, *address, policy_.min_block_size));
   }
   return address;
+}
+
+absl::Status Engine::BackendRelease(std::uintptr_t address, std::size_t size,
+                                    const PrivatePool* owner) {
+  if (owner != nullptr && owner->source != nullptr) {
+    return owner->source->ReleaseSegment(address, size);
+  }
+  return backend_->ReleaseSegment(address, size);
 }
 
 void Engine::SplitBlock(Block* block, std::size_t size) {

@@ -63,6 +63,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/optimization.h"
@@ -79,6 +80,7 @@
 #include "torchmem/core/free_lists.h"
 #include "torchmem/core/mutex.h"
 #include "torchmem/core/reports.h"
+#include "torchmem/core/segment_source.h"
 #include "torchmem/core/size_policy.h"
 #include "torchmem/core/stats.h"
 #include "torchmem/core/trace.h"
@@ -149,6 +151,10 @@ struct PrivatePool {
                             // take its free blocks before failing
   std::int64_t segments = 0;
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamLists>> streams;
+  // The pool's own allocator (MemPool(allocator=...)): its segments come
+  // from it, not from the backend, and it never uses virtual memory (as
+  // PyTorch's expandable segments skip such pools). nullptr: the backend.
+  std::shared_ptr<SegmentSource> source;
 };
 
 class Engine {
@@ -209,7 +215,10 @@ class Engine {
 
   // Creates `pool` with one user, or adds a user (PyTorch's
   // createOrIncrefPool). FailedPrecondition for a pool already released.
-  absl::Status CreateOrIncrefPool(PoolId pool);
+  // With a `source`, the pool's segments come from it (segment_source.h);
+  // a pool keeps the source it was created with (FailedPrecondition if
+  // another one is given later).
+  absl::Status CreateOrIncrefPool(PoolId pool, std::shared_ptr<SegmentSource> source = nullptr);
   // Opens a route to `pool` (created or incref'd as above): allocations on
   // streams `filter` accepts go to it until EndAllocateToPool. Routes are
   // searched newest first. FailedPrecondition if a route to it is open.
@@ -271,9 +280,25 @@ class Engine {
   std::vector<SegmentInfo> GetSegments() const;
   // Metadata of the allocated block at `ptr` (NotFound if none).
   absl::StatusOr<BlockInfo> GetBlock(const void* ptr) const;
-  // The segment containing `ptr` (NotFound if none): PyTorch's
-  // getBaseAllocation, used to share memory between processes.
+  // The segment containing `ptr` (NotFound if none).
   absl::StatusOr<SegmentInfo> SegmentContaining(const void* ptr) const;
+  // PyTorch's getBaseAllocation: {first byte, bytes} of the device
+  // allocation holding `ptr` (engine_sharing.cc). A segment; in an address
+  // range, the run of mapped pages around `ptr` (the range's unmapped address
+  // space is no memory: copying or sharing it would fault). NotFound if no
+  // segment holds `ptr`.
+  absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> BaseAllocation(const void* ptr) const;
+  // The physical pages under the allocated block at `ptr` in an address
+  // range, to share them with another process (CUDA IPC of expandable
+  // segments): `first_page` is the address of the first, `handles` one per
+  // page in address order. NotFound if no allocated block starts at `ptr`,
+  // FailedPrecondition if it is not in an address range.
+  struct SharedPages {
+    std::uintptr_t first_page = 0;
+    std::size_t page_size = 0;
+    std::vector<PhysicalPage> handles;
+  };
+  absl::StatusOr<SharedPages> PagesOfBlock(const void* ptr) const;
   // The segments of `pool` only (kDefaultPool: every segment, as GetSegments).
   std::vector<SegmentInfo> GetSegments(PoolId pool) const;
   // Blocks currently allocated (not pending), in allocation order.
@@ -360,7 +385,12 @@ class Engine {
   absl::StatusOr<Block*> NewSegment(std::size_t rounded_size, PoolKind pool, StreamId stream,
                                     PrivatePool* owner, ContextId context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::StatusOr<std::uintptr_t> BackendAllocate(std::size_t segment_size, StreamId stream)
+  // A new segment from the backend, or from `owner`'s own source if it has one.
+  absl::StatusOr<std::uintptr_t> BackendAllocate(std::size_t segment_size, StreamId stream,
+                                                 PrivatePool* owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Gives a segment back to where BackendAllocate got it.
+  absl::Status BackendRelease(std::uintptr_t address, std::size_t size, const PrivatePool* owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // --- virtual-memory placement (engine_vmm.cc) ---
   // A block of `rounded` bytes placed by page fit in the range of (owner,

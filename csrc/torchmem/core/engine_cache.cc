@@ -100,7 +100,7 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
       released = backend_->ReleaseAddressRange(segment->reservation, segment->reservation_size);
     }
   } else {
-    released = backend_->ReleaseSegment(segment->address, segment->size);
+    released = BackendRelease(segment->address, segment->size, segment->owner);
   }
   if (!released.ok()) {
     return absl::Status(

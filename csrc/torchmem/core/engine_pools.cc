@@ -57,11 +57,22 @@ PrivatePool* Engine::CreateOrIncrefPoolLocked(PoolId id, absl::Status* status) {
   return pool;
 }
 
-absl::Status Engine::CreateOrIncrefPool(PoolId pool) {
+absl::Status Engine::CreateOrIncrefPool(PoolId pool, std::shared_ptr<SegmentSource> source) {
   MutexLock lock(&mutex_);
+  const bool existed = private_pools_.contains(pool);
   absl::Status status;
-  CreateOrIncrefPoolLocked(pool, &status);
-  return status;
+  PrivatePool* created = CreateOrIncrefPoolLocked(pool, &status);
+  if (created == nullptr || source == nullptr) return status;
+  if (!existed) {
+    created->source = std::move(source);
+  } else if (created->source != source) {
+    --created->use_count;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "torchmem: private pool %s on %s exists already with another allocator; a pool keeps "
+        "the allocator it was created with",
+        PoolName(pool), device_name_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::BeginAllocateToPool(PoolId pool, PoolFilter filter) {

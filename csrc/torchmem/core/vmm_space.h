@@ -49,6 +49,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
@@ -56,6 +58,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "torchmem/core/backend.h"
 #include "torchmem/core/block.h"
 
@@ -135,6 +138,18 @@ class VmmSpace {
   // added) and the pages mapped before must follow. Stops at the first
   // backend error.
   absl::Status RegrantAccess();
+
+  // The run of mapped pages of `range` around `address` (which must be on a
+  // mapped page): {first byte, bytes}. What a consumer of the memory can
+  // treat as one allocation (getBaseAllocation, IPC); the range's unmapped
+  // address space around it is not memory. NotFound if `address` is on no
+  // mapped page.
+  absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> MappedRun(
+      const Segment& range, std::uintptr_t address) const;
+  // The physical handle of each page of [start, start + size) (page-aligned,
+  // every page mapped), in address order; NotFound if one is not mapped.
+  absl::StatusOr<std::vector<PhysicalPage>> HandlesOf(std::uintptr_t start,
+                                                      std::size_t size) const;
 
   // Unmaps and frees every page, live or not (the engine is being
   // destroyed); errors are ignored.

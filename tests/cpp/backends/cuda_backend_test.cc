@@ -7,6 +7,7 @@
 #include "torchmem/backends/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 
 #include <cstring>
 #include <vector>
@@ -277,6 +278,21 @@ TEST_F(CudaBackendTest, APhysicalPageBeyondTheDeviceIsResourceExhausted) {
   EXPECT_TRUE(absl::StrContains(beyond.status().message(), "CUDA_ERROR_OUT_OF_MEMORY"))
       << beyond.status();
   ASSERT_TRUE(backend.ReleasePhysicalPage(*fits).ok());
+}
+
+TEST_F(CudaBackendTest, APageIsSharedAsOneFileDescriptorClosedWithThePage) {
+  CudaBackend backend(0);
+  absl::StatusOr<std::size_t> page_size = backend.VirtualMemoryPageSize();
+  ASSERT_TRUE(page_size.ok()) << page_size.status();
+  absl::StatusOr<PhysicalPage> page = backend.CreatePhysicalPage(*page_size);
+  ASSERT_TRUE(page.ok()) << page.status();
+  // The driver exports only pages created with a shareable handle type.
+  absl::StatusOr<int> fd = backend.ShareablePage(*page);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(*backend.ShareablePage(*page), *fd);  // exported once
+  EXPECT_NE(::fcntl(*fd, F_GETFD), -1);
+  ASSERT_TRUE(backend.ReleasePhysicalPage(*page).ok());
+  EXPECT_EQ(::fcntl(*fd, F_GETFD), -1);  // closed with the page
 }
 
 TEST_F(CudaBackendTest, EngineWithVirtualMemoryMapsOnlyThePagesLiveBlocksTouch) {

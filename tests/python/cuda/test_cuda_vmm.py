@@ -221,12 +221,6 @@ def test_cuda_graph_private_pools_keep_their_pages(sim, expandable):
     assert mapped_bytes(sim) == torch.cuda.memory_reserved()
 
 
-def test_ipc_of_expandable_memory_is_a_clear_error(expandable):
-    storage = torch.UntypedStorage(1000, device="cuda")
-    with pytest.raises(RuntimeError, match="expandable segment.*cannot share"):
-        storage._share_cuda_()
-
-
 def test_a_forked_child_leaves_the_parents_pages_alone(sim, expandable):
     held = filled(3 * MiB, 5)
     mapped = mapped_bytes(sim)

@@ -54,6 +54,18 @@ PYBIND11_MODULE(_C_cuda, m) {
       py::arg("device"), py::arg("initial_guess") = 0,
       "c10::cuda::CUDACachingAllocator::cacheInfo through PyTorch's current CUDA allocator: "
       "what cuDNN's benchmark mode asks to size its workspace (for tests and diagnostics)");
+  m.def(
+      "base_allocation",
+      [](std::uintptr_t ptr) {
+        std::size_t size = 0;
+        void* base = c10::cuda::CUDACachingAllocator::getBaseAllocation(
+            reinterpret_cast<void*>(ptr), &size);
+        return py::make_tuple(reinterpret_cast<std::uintptr_t>(base), size);
+      },
+      py::arg("ptr"),
+      "c10::cuda::CUDACachingAllocator::getBaseAllocation through PyTorch's current CUDA "
+      "allocator: (base address, bytes) of the device allocation holding ptr (for tests and "
+      "diagnostics)");
   m.def("unimplemented_settings", &torchmem::torch_glue::UnimplementedSettings,
         "The PYTORCH_CUDA_ALLOC_CONF settings in effect that torchmem does not implement, "
         "one explanation each");

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -76,8 +77,9 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
   virtual void RecordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
                              cca::RecordContext when, bool clear,
                              const std::vector<std::string>& skip_actions) = 0;
+  // `allocator`: the MemPool's own allocator, or nullptr.
   virtual void CreateOrIncrefPoolOf(c10::DeviceIndex device, c10::MempoolId_t pool,
-                                    bool has_own_allocator) = 0;
+                                    std::shared_ptr<cca::CUDAAllocator> allocator) = 0;
   virtual void SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) = 0;
   virtual void MarkCapture(c10::DeviceIndex device, bool begins) = 0;
   virtual void AttachOomRejectionObserver(OomRejectionObserver observer) = 0;
@@ -105,7 +107,7 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) final {
-    CreateOrIncrefPoolOf(device, mempool_id, allocator != nullptr);
+    CreateOrIncrefPoolOf(device, mempool_id, std::move(allocator));
   }
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                    bool use_on_oom) final {
@@ -123,7 +125,9 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                           cca::CUDAAllocator* allocator) final {
-    CreateOrIncrefPoolOf(device, mempool_id, allocator != nullptr);
+    // Not owned: the MemPool keeps its allocator alive as long as the pool.
+    std::shared_ptr<cca::CUDAAllocator> borrowed(allocator, [](cca::CUDAAllocator*) {});
+    CreateOrIncrefPoolOf(device, mempool_id, allocator != nullptr ? borrowed : nullptr);
   }
   // Before 2.11 the call meant "use this pool on OOM", with no way to undo it.
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id) final {

@@ -24,6 +24,7 @@
 #include "torchmem/backends/cuda_streams.h"
 #include "torchmem/core/warnings.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/pool_allocator_source.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -386,10 +387,10 @@ void TorchmemCudaAllocatorImpl::cacheInfo(c10::DeviceIndex device, size_t* large
 
 void* TorchmemCudaAllocatorImpl::getBaseAllocation(void* ptr, size_t* size) {
   if (Engine* engine = CudaEngineOwning(ptr)) {
-    absl::StatusOr<SegmentInfo> segment = engine->SegmentContaining(ptr);
-    if (segment.ok()) {
-      if (size != nullptr) *size = segment->size;
-      return reinterpret_cast<void*>(segment->address);
+    auto base = engine->BaseAllocation(ptr);
+    if (base.ok()) {
+      if (size != nullptr) *size = base->second;
+      return reinterpret_cast<void*>(base->first);
     }
   }
   TORCH_CHECK(false, "invalid device pointer: ", ptr,
@@ -517,13 +518,16 @@ int TorchmemCudaAllocatorImpl::getPoolUseCount(c10::DeviceIndex device,
 
 void TorchmemCudaAllocatorImpl::CreateOrIncrefPoolOf(c10::DeviceIndex device,
                                                      c10::MempoolId_t pool,
-                                                     bool has_own_allocator) {
-  TORCH_CHECK(!has_own_allocator,
-              "torchmem: a torch.cuda.MemPool with its own allocator (MemPool(allocator=...)) "
-              "is not supported while torchmem is PyTorch's CUDA allocator: torchmem obtains "
-              "every segment from cudaMalloc itself. Create the MemPool without an allocator "
-              "(its memory then comes from torchmem), or run without torchmem installed");
-  CheckPoolStatus(EngineOf(device).CreateOrIncrefPool(ToPoolId(pool)));
+                                                     std::shared_ptr<cca::CUDAAllocator> allocator) {
+  // The pool's segments come from its own allocator (NCCL's ncclMemAlloc,
+  // a CUDAPluggableAllocator); torchmem places and accounts the blocks.
+  // torchmem itself as the pool's allocator would re-enter the engine from
+  // under its lock: such a pool is an ordinary one.
+  std::shared_ptr<SegmentSource> source;
+  if (allocator != nullptr && allocator.get() != this) {
+    source = MakePoolAllocatorSource(std::move(allocator), device);
+  }
+  CheckPoolStatus(EngineOf(device).CreateOrIncrefPool(ToPoolId(pool), std::move(source)));
 }
 
 void TorchmemCudaAllocatorImpl::SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool,

@@ -101,7 +101,7 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   void CreateOrIncrefPoolOf(c10::DeviceIndex device, c10::MempoolId_t pool,
-                            bool has_own_allocator) override;
+                            std::shared_ptr<cca::CUDAAllocator> allocator) override;
   void SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override;
   void SetNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,

@@ -6,7 +6,10 @@
 // offset in it; the handle is PyTorch's own format
 //   [version byte][type 'c'][64-byte cudaIpcMemHandle_t]
 // so a consumer with PyTorch's allocator can open a torchmem handle and vice
-// versa. The consumer opens each handle once per process
+// versa. A tensor in torchmem's virtual-memory placement goes as the pages
+// under its block, in PyTorch's expandable-segment format [version]['e']...
+// (ipc_expandable.h), and torchmem opens such handles from either allocator.
+// The consumer opens each handle once per process
 // (cudaIpcOpenMemHandle allows one mapping per context) and shares the
 // mapping among the tensors that use it; the last one closes it.
 // PyTorch keeps the producer's block allocated until every consumer is done
@@ -26,14 +29,15 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/ipc_expandable.h"
 
 namespace torchmem::torch_glue {
 namespace {
 
 // PyTorch's shareable handle: [kShareableHandleVersion (allocator_interface.h)]
-// ['c' for cudaMalloc'd memory] ('e', expandable segments, is something
-// torchmem never produces).
+// ['c' for cudaMalloc'd memory, 'e' for expandable segments (ipc_expandable.h)].
 constexpr char kShareableCudaMalloc = 'c';
+constexpr char kShareableExpandable = 'e';
 
 struct OpenedHandle {
   c10::DeviceIndex device = 0;
@@ -53,15 +57,15 @@ cca::ShareableHandle TorchmemCudaAllocatorImpl::shareIpcHandle(void* ptr) {
     if (!block.ok()) continue;
     absl::StatusOr<SegmentInfo> segment = engine->SegmentContaining(ptr);
     TORCH_INTERNAL_ASSERT(segment.ok());
-    // cudaIpcGetMemHandle refuses memory mapped with the driver's virtual
-    // memory API, and torchmem creates its pages without a shareable handle.
-    TORCH_CHECK(!segment->vmm,
-                "torchmem: this tensor lives in an expandable segment (torchmem's virtual-memory "
-                "placement, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which torchmem "
-                "cannot share with another process through CUDA IPC; run the sharing process "
-                "without expandable_segments:True, or share a copy of the tensor made while "
-                "expandable segments are off (torch.cuda.memory._set_allocator_settings("
-                "\"expandable_segments:False\"))");
+    if (segment->vmm) {
+      // cudaIpcGetMemHandle refuses virtual memory: the pages under the
+      // block go as file descriptors, in PyTorch's expandable format.
+      std::ptrdiff_t offset = 0;
+      std::string body = ShareExpandableBlock(device, *engine, ptr, &offset);
+      std::string shared{kShareableHandleVersion, kShareableExpandable};
+      shared += body;
+      return cca::ShareableHandle{offset, std::move(shared)};
+    }
     void* base = reinterpret_cast<void*>(segment->address);
     cudaIpcMemHandle_t handle;
     {
@@ -79,28 +83,45 @@ cca::ShareableHandle TorchmemCudaAllocatorImpl::shareIpcHandle(void* ptr) {
               " (torchmem shares only blocks its CUDA engines allocated)");
 }
 
+namespace {
+
+// The mapping of a cudaMalloc'd region another process shared ('c').
+std::shared_ptr<void> OpenCudaMallocHandle(const std::string& handle, c10::DeviceIndex device) {
+  TORCH_CHECK(handle.size() == 2 + CUDA_IPC_HANDLE_SIZE,
+              "torchmem: malformed CUDA IPC handle (", handle.size(), " bytes)");
+  cudaIpcMemHandle_t ipc;
+  std::memcpy(&ipc, handle.data() + 2, CUDA_IPC_HANDLE_SIZE);
+  void* ptr = nullptr;
+  C10_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, ipc, cudaIpcMemLazyEnablePeerAccess));
+  return std::shared_ptr<void>(ptr, [device](void* opened) {
+    c10::cuda::CUDAGuard guard(device);
+    C10_CUDA_CHECK_WARN(cudaIpcCloseMemHandle(opened));
+  });
+}
+
+}  // namespace
+
 std::shared_ptr<void> TorchmemCudaAllocatorImpl::getIpcDevPtr(std::string handle) {
   std::lock_guard<std::mutex> lock(g_ipc_mutex);
   if (auto it = g_opened->find(handle); it != g_opened->end()) {
     if (std::shared_ptr<void> users = it->second.users.lock()) return users;
   }
-  TORCH_CHECK(handle.size() == 2 + CUDA_IPC_HANDLE_SIZE,
-              "torchmem: malformed CUDA IPC handle (", handle.size(), " bytes)");
+  TORCH_CHECK(handle.size() >= 2, "torchmem: malformed CUDA IPC handle (", handle.size(),
+              " bytes)");
   TORCH_CHECK(handle[0] <= kShareableHandleVersion,
               "received sharable handle from a future version of torch (handle version ",
               static_cast<int>(handle[0]), ", this torch understands up to ",
               static_cast<int>(kShareableHandleVersion), "); use the same torch in both processes");
-  TORCH_CHECK(handle[1] == kShareableCudaMalloc,
-              "torchmem: this CUDA IPC handle shares an expandable segment (type '", handle[1],
-              "'), which torchmem cannot open: share tensors from a process whose allocator does "
-              "not use expandable_segments");
-  cudaIpcMemHandle_t ipc;
-  std::memcpy(&ipc, handle.data() + 2, CUDA_IPC_HANDLE_SIZE);
+  TORCH_CHECK(handle[1] == kShareableCudaMalloc || handle[1] == kShareableExpandable,
+              "torchmem: unknown CUDA IPC handle type '", handle[1], "'");
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-  void* ptr = nullptr;
-  C10_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, ipc, cudaIpcMemLazyEnablePeerAccess));
-  std::shared_ptr<void> users(ptr, [handle, device](void* opened) {
+  std::shared_ptr<void> mapping =
+      handle[1] == kShareableCudaMalloc
+          ? OpenCudaMallocHandle(handle, device)
+          : OpenExpandableHandle(handle.substr(2), handle[0], device);
+  void* ptr = mapping.get();
+  std::shared_ptr<void> users(ptr, [handle, mapping](void*) mutable {
     {
       std::lock_guard<std::mutex> erase_lock(g_ipc_mutex);
       // Unless the handle was opened again meanwhile (the entry is a newer
@@ -108,8 +129,7 @@ std::shared_ptr<void> TorchmemCudaAllocatorImpl::getIpcDevPtr(std::string handle
       auto it = g_opened->find(handle);
       if (it != g_opened->end() && it->second.users.expired()) g_opened->erase(it);
     }
-    c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK_WARN(cudaIpcCloseMemHandle(opened));
+    mapping.reset();  // outside the lock: unmapping may wait for the device
   });
   (*g_opened)[handle] = OpenedHandle{device, ptr, users};
   return users;

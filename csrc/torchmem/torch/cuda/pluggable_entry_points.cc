@@ -88,7 +88,8 @@ void* torchmem_cuda_base_allocation(void* ptr, std::size_t* size) {
   Engine* engine = torchmem::torch_glue::CudaEngineOwning(ptr);
   TORCH_CHECK(engine != nullptr,
               "torchmem: getBaseAllocation on a pointer torchmem did not allocate");
-  absl::StatusOr<torchmem::SegmentInfo> segment = engine->SegmentContaining(ptr);
-  if (size != nullptr) *size = segment->size;
-  return reinterpret_cast<void*>(segment->address);
+  auto base = engine->BaseAllocation(ptr);
+  TORCH_CHECK(base.ok(), std::string(base.status().message()));
+  if (size != nullptr) *size = base->second;
+  return reinterpret_cast<void*>(base->first);
 }
