@@ -563,6 +563,21 @@ TEST_F(EngineVmmLargePageTest, TheLargePoolMapsTwentyMiBPagesTheSmallPoolTwo) {
   EXPECT_EQ(backend_->reserved_ranges(), 0) << "each reservation went back whole";
 }
 
+TEST_F(EngineVmmLargePageTest, SharedPagesAndBaseAllocationsAreWholeLargePages) {
+  void* a = Touch(3 * kMiB);
+  void* c = Touch(30 * kMiB);  // 3 to 33 MiB: pages 0 and 1
+  const std::uintptr_t start = Address(a);
+  ASSERT_EQ(start % kLargePage, 0u);
+  absl::StatusOr<Engine::SharedPages> pages = engine_->PagesOfBlock(c);
+  ASSERT_TRUE(pages.ok()) << pages.status();
+  EXPECT_EQ(pages->page_size, kLargePage);
+  EXPECT_EQ(pages->first_page, start);
+  EXPECT_EQ(pages->handles.size(), 2u);
+  EXPECT_EQ(*engine_->BaseAllocation(c), std::make_pair(start, 2 * kLargePage));
+  Release(a);
+  Release(c);
+}
+
 TEST_F(EngineVmmLargePageTest, AMemoryLimitCountsWholeLargePages) {
   engine_->SetMemoryLimit(kLargePage + 3 * kPage);
   void* first = Touch(4 * kMiB);
