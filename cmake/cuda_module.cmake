@@ -25,11 +25,14 @@ Python3_add_library(_C_cuda MODULE WITH_SOABI
   csrc/torchmem/torch/cuda/cuda_allocator.cc
   csrc/torchmem/torch/cuda/cuda_allocator_reports.cc
   csrc/torchmem/torch/cuda/cuda_engines.cc
+  csrc/torchmem/torch/cuda/cuda_fork_locks.cc
+  csrc/torchmem/torch/cuda/free_memory_callbacks.cc
   csrc/torchmem/torch/cuda/history_contexts.cc
   csrc/torchmem/torch/cuda/ipc.cc
   csrc/torchmem/torch/cuda/ipc_expandable.cc
   csrc/torchmem/torch/cuda/pluggable_entry_points.cc
   csrc/torchmem/torch/cuda/pool_allocator_source.cc
+  csrc/torchmem/torch/cuda/trace_tracker_recorder.cc
   csrc/torchmem/torch/cuda/traceback_contexts.cc
 )
 target_include_directories(_C_cuda SYSTEM PRIVATE

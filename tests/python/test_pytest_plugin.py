@@ -449,3 +449,61 @@ def test_what_a_library_makes_at_import_inside_a_test_is_not_the_tests_leak(pyte
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["FAILED test_lazy.py::test_puts_a_tensor_into_a_module_global*"])
     result.stdout.fnmatch_lines(["*held by       lazylib.CACHE*"])
+
+
+CLASS_SETUP_MODULE = """
+import unittest
+
+import torch
+
+
+class Miner:
+    # Keeps its last batch's pairs, as pytorch-metric-learning's HDCMiner does.
+    def __call__(self, embeddings):
+        self.pairs = embeddings[embeddings.sum(1) > 0].clone()
+        return self.pairs
+
+
+class TestSharedMiner(unittest.TestCase):
+    registry = []  # defined by the class body: lives as long as the module
+
+    @classmethod
+    def setUpClass(cls):
+        cls.miner = Miner()
+
+    def test_mines_with_the_class_miner(self):
+        self.miner(torch.ones(64, 4))
+
+    def test_appends_to_the_class_registry(self):
+        type(self).registry.append(torch.ones(64))
+
+
+class TestPytestStyle:
+    @classmethod
+    def setup_class(cls):
+        cls.miner = Miner()
+
+    def test_mines_with_the_class_miner(self):
+        self.miner(torch.ones(64, 4))
+"""
+
+
+def test_state_a_class_setup_gave_the_tests_is_allowed_and_class_body_lists_still_fail(pytester, run_pytest):
+    pytester.makepyfile(test_class_setup=CLASS_SETUP_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu")
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_class_setup.py::TestSharedMiner::test_appends_to_the_class_registry*"])
+    result.stdout.fnmatch_lines(["*held by       test_class_setup.TestSharedMiner.registry[[]0]*"])
+
+
+def test_a_class_setup_names_the_holder_when_arguments_are_not_allowed(pytester, run_pytest):
+    pytester.makepyfile(test_class_setup=CLASS_SETUP_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu", "--torchmem-allow-arguments=no",
+                        "-k", "mines_with")
+
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*held by       test_class_setup.TestSharedMiner.miner.pairs*"])
+    result.stdout.fnmatch_lines(["*held by       test_class_setup.TestPytestStyle.miner.pairs*"])

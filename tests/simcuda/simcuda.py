@@ -149,7 +149,7 @@ class _VmmStats(ctypes.Structure):
     """simcuda_vmm_stats_t (simcuda_control.h)."""
     _fields_ = [(name, _ULL) for name in (
         "reservations", "reserved_bytes", "allocations", "allocated_bytes", "mappings",
-        "mapped_bytes", "accessible_bytes")]
+        "mapped_bytes", "accessible_bytes", "rdma_capable_allocations")]
 
 
 def _handle(obj):

@@ -20,6 +20,11 @@
  *                          lines to at process exit ("%p" = process id)
  *   SIMCUDA_COSTS          modelled cost per call, "cuMemMap=5us;cudaMalloc=66.4us"
  *                          (ns, us, ms, s; a bare number is ns)
+ *   SIMCUDA_GPU_DIRECT_RDMA "1": every device supports GPUDirect RDMA with the
+ *                          driver's virtual memory (the device attribute says
+ *                          so, and cuMemCreate accepts gpuDirectRDMACapable);
+ *                          else (default) neither, and cuMemCreate asked for
+ *                          RDMA-capable memory fails as on such a device
  *   SIMCUDA_EXCLUSIVE_PROCESS_DIR  every device in EXCLUSIVE_PROCESS compute
  *                          mode: a context on device N holds a lock on
  *                          <dir>/device<N>.lock; a second process's context
@@ -119,6 +124,7 @@ typedef struct simcuda_vmm_stats_st {
   unsigned long long mappings;
   unsigned long long mapped_bytes;
   unsigned long long accessible_bytes;
+  unsigned long long rdma_capable_allocations; /* live, created gpuDirectRDMACapable */
 } simcuda_vmm_stats_t;
 void simcuda_vmm_stats(simcuda_vmm_stats_t* stats);
 

@@ -7,9 +7,19 @@ That memory is held by the test's inputs, not left behind by the code under test
 plugin passes these objects to the check (``allow_arguments``), which reports such
 memory as allowed and names its holder by the module-level object that really keeps it
 (``tests.test_x.test_update.pytestmark[0].args[1][0]``), not by pytest's own frames.
+
+A test class's class-scoped setup (unittest's ``setUpClass``, pytest's ``setup_class``) is a
+fixture too: the objects it puts on the class are the tests' shared inputs, and a test that
+updates one (a stateful miner or metric that keeps its last batch) leaves that state there.
+What the class body defined is not: a class-level list a test appends to lives as long as the
+module, as a module global would. The two are told apart by a snapshot of the class's
+namespace the plugin takes before the class's first test is set up
+(``pytest_plugin.pytest_runtest_setup``; ids, not the objects, so it keeps nothing alive).
 """
 
 from __future__ import annotations
+
+import types
 
 from torchmem.leaks.owners import AllowedRoot
 from torchmem.leaks.paths import render_path
@@ -19,12 +29,22 @@ _PARAMETRIZE_NOTE = (
     "imported and kept by pytest for the whole session (allow_arguments)"
 )
 _FIXTURE_NOTE = "held through the test's fixture {name!r} (scope {scope}; allow_arguments)"
+_CLASS_SETUP_NOTE = (
+    "held through {owner}.{name}, set by the class's setup (setUpClass / setup_class: a class-scoped "
+    "fixture; allow_arguments)"
+)
+# Code a class can gain after its body ran (a decorator, a plugin's hook): not state a setup
+# gave the tests, and a function would lend its closure's contents an allowance.
+_NOT_SETUP_STATE = (types.FunctionType, types.MethodType, classmethod, staticmethod, property, type)
 _MAX_DEPTH = 4  # parametrize argvalues: list -> tuple of values -> ParameterSet -> values
 
 
-def argument_roots(item, *, exclude=(), allowed: bool = True) -> tuple[AllowedRoot, ...]:
+def argument_roots(item, *, exclude=(), allowed: bool = True,
+                   class_body_before_setup: dict | None = None) -> tuple[AllowedRoot, ...]:
     """An ``AllowedRoot`` per argument of ``item`` (a pytest Function): parametrize values
-    named by the module-level object that holds them, fixtures by name and scope. With
+    named by the module-level object that holds them, fixtures by name and scope, and what
+    the class-scoped setup added to the test's class (given ``class_body_before_setup``,
+    ``{name: id(value)}`` of the class before that setup). With
     ``allowed=False`` they only name holders (memory they hold still fails the test)."""
     funcargs = getattr(item, "funcargs", None) or {}
     callspec = getattr(item, "callspec", None)
@@ -39,7 +59,24 @@ def argument_roots(item, *, exclude=(), allowed: bool = True) -> tuple[AllowedRo
         else:
             note = _FIXTURE_NOTE.format(name=name, scope=_scope(item, name))
             roots.append(AllowedRoot(f"<fixture {name!r}>", value, note, allowed))
+    roots.extend(_class_setup_roots(item, class_body_before_setup, allowed))
     return tuple(roots)
+
+
+def _class_setup_roots(item, body: dict | None, allowed: bool) -> list[AllowedRoot]:
+    """The objects the class-scoped setup put on the test's class (added or replaced since
+    ``body``, ``{name: id(value)}`` of the class before that setup), named ``module.Class.attribute``."""
+    cls = getattr(item, "cls", None)
+    if cls is None or body is None:
+        return []
+    owner = f"{cls.__module__}.{cls.__qualname__}"
+    roots = []
+    for name, value in list(vars(cls).items()):
+        if body.get(name) == id(value) or _is_atom(value) or isinstance(value, _NOT_SETUP_STATE):
+            continue
+        note = _CLASS_SETUP_NOTE.format(owner=owner, name=name)
+        roots.append(AllowedRoot(f"{owner}.{name}", value, note, allowed))
+    return roots
 
 
 def _is_atom(value) -> bool:

@@ -96,6 +96,8 @@ class MarkerError(ValueError):
 
 
 _OPTIONS_KEY = pytest.StashKey[CheckOptions]()
+# {test class: {name: id(value)}}, each taken before the class's first test's setup.
+_CLASS_BODIES_KEY = pytest.StashKey[dict]()
 _CHECK_KEY = pytest.StashKey[object]()
 _HINT = (
     "(torchmem pytest plugin: tensors allocated by this test are still alive after it returned. Keep "
@@ -451,7 +453,15 @@ def torchmem_leak_check(request):
 def pytest_runtest_setup(item):
     """Under ``torchrun -m pytest``: a rank whose setup failed or skipped (a fixture error, a
     ``skipif`` true on one rank) still takes part in this test's exchange, so the other ranks
-    fail this test naming it, instead of pairing their next test with this one."""
+    fail this test naming it, instead of pairing their next test with this one.
+
+    Before the first test of a class is set up, the class's namespace is recorded: what its
+    class-scoped setup then adds is a fixture the tests share (``pytest_arguments``)."""
+    cls = getattr(item, "cls", None)
+    if cls is not None:
+        bodies = item.config.stash.setdefault(_CLASS_BODIES_KEY, {})
+        if cls not in bodies:
+            bodies[cls] = {name: id(value) for name, value in vars(cls).items()}
     try:
         return (yield)
     except BaseException as error:
@@ -488,7 +498,10 @@ def pytest_runtest_call(item):
     from torchmem.integrations.pytest_arguments import argument_roots
 
     # The test's arguments name holders either way; allow_arguments also allows them.
-    check.allowed_roots = argument_roots(item, exclude=(_FIXTURE,), allowed=options.allow_arguments)
+    cls = getattr(item, "cls", None)
+    body = item.config.stash.get(_CLASS_BODIES_KEY, {}).get(cls) if cls is not None else None
+    check.allowed_roots = argument_roots(item, exclude=(_FIXTURE,), allowed=options.allow_arguments,
+                                         class_body_before_setup=body)
     for _ in range(options.warmup):
         with check:
             item.runtest()

@@ -24,8 +24,10 @@ for users):
 Cost: a check that leaves nothing behind costs a scope open and close, a pause of the
 collector's automatic collections while the exit runs, and stack capture while open (a
 fraction of a microsecond per allocation); no garbage collection. One with survivors collects
-the young generations, the whole heap only when a block survives that and no root certainly
-alive holds it, and runs the owner search for blocks that survive both (``collector``). The
+the young generations; a block that survives that and that no root certainly alive holds is
+decided from the garbage above its tensors (the collector's algorithm on those objects), the
+whole heap collected only when that cannot decide it; the owner search runs for blocks still
+held (``collector``). The
 collector is never frozen or reconfigured while the checked code runs: it sees what it sees
 outside a check.
 """

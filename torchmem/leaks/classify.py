@@ -8,10 +8,11 @@ module runs: only a reference cycle held them; counted as leaked or not by
 ``torchmem.leaks.cycle_policy``) or **reachable** (still allocated after it:
 ``owners.find_owners`` names the holders).
 
-Cost: a collection of the young generations first, of the whole heap only for blocks still
-allocated after it that no root certainly alive holds (``torchmem.leaks.collector``; the owner
-search looks for such roots first when the blocks' tensors are young); the owner search
-names the holders of blocks that survive both.
+Cost: a collection of the young generations first; for blocks still allocated after it that
+no root certainly alive holds, the garbage above their tensors (the collector's algorithm on
+those objects), and a collection of the whole heap only when that cannot decide them all
+(``torchmem.leaks.collector``; the owner search looks for such roots first when the blocks'
+tensors are young); the owner search names the holders of blocks that survive.
 """
 
 from __future__ import annotations
@@ -104,17 +105,25 @@ class Classifier:
             remaining = self._not_released([(device, block) for device, block in candidates
                                             if (device, block["address"]) not in freed])
             undecided = remaining
-            if remaining and all(key in self.young_keys for key in self._keys(remaining)):
+            decided_by_subset = None
+            young_tensors = all(key in self.young_keys for key in self._keys(remaining))
+            if remaining and not young_tensors:
+                # Older tensors: the garbage above them first. A cycle the collector already
+                # moved to its oldest generation (a long test's metric) is decided there,
+                # without the whole heap's collection (``collector.garbage_above``).
+                decided_by_subset = self._garbage_above(remaining)
+                if decided_by_subset is not None:
+                    undecided = []
+            if undecided:
                 # Exit order (for cost): the owner search before the whole heap's collection.
                 # A block it finds held by a root that is certainly alive (a module global, a
                 # test's argument) is no garbage's: that collection
-                # (60 ms in a 280,000-object heap) could not free it, so it runs only for the
-                # others. Each verdict is the one the collection-first order gives.
-                # Only when the blocks' tensors are still in the young generations (made
-                # shortly before the exit, as a global's list or a test's argument keeps
-                # them): an older one is as likely held by a cycle already in the oldest
-                # generation, where the search would walk for nothing. The search gives up
-                # after one pass over the heap (10 ms) if a block has no such root by then.
+                # (60 to 130 ms in a 280,000-object heap) could not free it, so it runs only
+                # for the others. Each verdict is the one the collection-first order gives.
+                # For young tensors first of all (made shortly before the exit, as a global's
+                # list or a test's argument keeps them); for older ones after the garbage above
+                # them did not decide them. The search gives up after one pass over the heap
+                # (10 to 20 ms) if a block has no such root by then.
                 search = self._find_owners(remaining, give_up_after=PROBE_HEAP_PASSES)
                 if search.given_up:
                     search = None
@@ -126,6 +135,15 @@ class Classifier:
                     self.released_meanwhile |= {(device, block["address"]) for device, block in remaining
                                                 if (device, block["address"]) in search.live_rooted
                                                 and not self._still_allocated(device, block)}
+            if undecided and young_tensors:
+                decided_by_subset = self._garbage_above(undecided)
+                if decided_by_subset is not None:
+                    undecided = []
+            if decided_by_subset is not None:
+                late_freed, late_holders, _ = decided_by_subset
+                freed |= late_freed
+                holders.update(late_holders)
+                search = None  # made for other blocks, if any
             if undecided:
                 late_freed, late_holders, found_garbage = self._collect_cycles(undecided, young=False)
                 freed |= late_freed
@@ -295,6 +313,31 @@ class Classifier:
         freed = {(device, block["address"]) for device, block in candidates
                  if not self._still_allocated(device, block)} - released
         return freed, {key: holder for key, holder in holders.items() if key in freed}, True
+
+    def _garbage_above(self, candidates: list) -> tuple[set, dict, bool] | None:
+        """``_collect_cycles(candidates, young=False)``'s answer without the whole heap's
+        collection, when the garbage above the candidates' tensors decides every candidate
+        (``collector.garbage_above``): each has tensors, all of them garbage, and the cycle
+        holding it is found in that garbage. The collection's own garbage holds the same
+        objects above the tensors in the same order, so the holders found are the same.
+        None otherwise: the caller collects the whole heap, as without this."""
+        keys = set(self._keys(candidates))
+        blocks = [(device, block["address"], block["size"]) for device, block in candidates]
+        found = collector.garbage_above(BlockIndex(blocks))
+        if found is None or not keys <= found.decided:
+            return None
+        try:
+            holders = _owners.find_cycle_holders(blocks, found.garbage)
+        finally:
+            found.garbage = None
+        if not keys <= set(holders):
+            return None
+        released = {(device, block["address"]) for device, block in candidates
+                    if not self._still_allocated(device, block)}
+        self.released_meanwhile |= released
+        held = keys - released
+        self.report.subset_collection = (found.passes, found.members)
+        return held, {key: holder for key, holder in holders.items() if key in held}, True
 
     def _add(self, kind: str, device: str, block: dict, *, owners=(), cycle_types=(), cycle=None, note=None) -> None:
         category = module = None

@@ -93,6 +93,9 @@ class LeakReport:
     findings: list = field(default_factory=list)
     finished: bool = False
     gc_collected: bool = False
+    # (passes over the heap, objects examined) when the garbage above the blocks left decided
+    # them without collecting the whole heap (``collector.garbage_above``); None otherwise.
+    subset_collection: tuple | None = None
     owner_search_stopped_early: bool = False
     aborted: str | None = None
     cycle_policy: str = "repeating"

@@ -86,6 +86,9 @@ def _tensor_block(index: BlockIndex, tensor) -> BlockKey | None:
         return None
 
 
+tensor_block = _tensor_block  # the block whose memory ``tensor``'s storage uses, or None
+
+
 def _storage_block(index: BlockIndex, storage) -> BlockKey | None:
     try:
         return index.find(storage.device, storage.data_ptr())

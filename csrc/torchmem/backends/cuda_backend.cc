@@ -213,8 +213,12 @@ void CudaBackend::AddPeer(int peer) {
 
 namespace {
 
-CUmemAllocationProp PagePropertiesOf(int device) {
+CUmemAllocationProp PagePropertiesOf(int device, bool rdma_capable) {
   CUmemAllocationProp prop = {};
+  // As PyTorch's expandable segments: RDMA-capable pages where the device
+  // supports GPUDirect RDMA with virtual memory, so that NICs (NCCL over
+  // InfiniBand, GPUDirect RDMA) can register them.
+  prop.allocFlags.gpuDirectRDMACapable = rdma_capable ? 1 : 0;
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
@@ -257,7 +261,14 @@ absl::StatusOr<const CudaDriver*> CudaBackend::VmmDriver() {
     return absl::FailedPreconditionError(
         absl::StrCat(DeviceName(), " does not support the driver's virtual memory management"));
   }
-  const CUmemAllocationProp prop = PagePropertiesOf(device_);
+  int rdma = 0;
+  if (CUresult r = driver_->cuDeviceGetAttribute(
+          &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, handle);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)");
+  }
+  rdma_capable_pages_ = rdma != 0;
+  const CUmemAllocationProp prop = PagePropertiesOf(device_, rdma_capable_pages_);
   std::size_t granularity = 0;
   if (CUresult r = driver_->cuMemGetAllocationGranularity(&granularity, &prop,
                                                           CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -311,7 +322,7 @@ absl::StatusOr<PhysicalPage> CudaBackend::CreatePhysicalPage(std::size_t size) {
   if (!driver.ok()) return driver.status();
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
-  const CUmemAllocationProp prop = PagePropertiesOf(device_);
+  const CUmemAllocationProp prop = PagePropertiesOf(device_, rdma_capable_pages_);
   CUmemGenericAllocationHandle handle = 0;
   if (CUresult r = (*driver)->cuMemCreate(&handle, size, &prop, 0); r != CUDA_SUCCESS) {
     return DriverError(

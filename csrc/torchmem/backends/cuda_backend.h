@@ -125,6 +125,9 @@ class CudaBackend final : public Backend {
   // Set by the first successful VirtualMemoryPageSize (0 until then).
   const CudaDriver* driver_ = nullptr;
   std::size_t page_size_ = 0;
+  // Whether pages are created RDMA-capable (the device supports GPUDirect
+  // RDMA with virtual memory); set with page_size_.
+  bool rdma_capable_pages_ = false;
 };
 
 }  // namespace torchmem

@@ -40,6 +40,19 @@ EngineRegistry& Registry() {
 
 constexpr std::size_t kBlocksPerChunk = 256;
 
+// Whether a CUDA graph is being captured in any engine of the process. The
+// out-of-memory retry hook runs Python's garbage collector, whose finalizers
+// may make calls a capture forbids from any thread in its default (global)
+// mode: cudaFree, event queries, synchronization.
+bool AnyCaptureUnderway() {
+  EngineRegistry& registry = Registry();
+  MutexLock lock(&registry.mutex);
+  for (const Engine* engine : registry.engines) {
+    if (engine->CaptureUnderway()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook) {
@@ -111,17 +124,35 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
   const Attribution attribution = CurrentAttribution();
   const ContextId context = CaptureContext(&context_capture_override_);
   absl::Status failure;
+  const CacheMissHook miss_hook = cache_miss_hook_.load(std::memory_order_acquire);
+  bool cache_missed = false;
   {
     MutexLock lock(&mutex_);
+    absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context,
+                                                  miss_hook != nullptr ? &cache_missed : nullptr);
+    if (ABSL_PREDICT_TRUE(block.ok())) {
+      if (ABSL_PREDICT_TRUE(!cache_missed)) return reinterpret_cast<void*>((*block)->address);
+    } else {
+      failure = block.status();
+    }
+  }
+  // The miss hook runs without the lock (its callbacks free memory through
+  // us), once per allocation: on a miss, or when the virtual-memory
+  // placement found no room. Then the allocation looks again.
+  const bool run_miss_hook =
+      miss_hook != nullptr && (cache_missed || absl::IsResourceExhausted(failure));
+  if (run_miss_hook) {
+    (void)miss_hook();  // looked again either way: a miss then obtains memory
+    MutexLock lock(&mutex_);
     absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context);
-    if (ABSL_PREDICT_TRUE(block.ok())) return reinterpret_cast<void*>((*block)->address);
+    if (block.ok()) return reinterpret_cast<void*>((*block)->address);
     failure = block.status();
   }
   if (!absl::IsResourceExhausted(failure)) return failure;
   // The last rung of the ladder runs without the lock: the hook may run
   // Python's garbage collector, whose finalizers free memory through us.
   OutOfMemoryRetryHook hook = g_oom_retry_hook.load(std::memory_order_acquire);
-  if (hook != nullptr && hook()) {
+  if (hook != nullptr && !AnyCaptureUnderway() && hook()) {
     MutexLock lock(&mutex_);
     absl::StatusOr<Block*> block = AllocateLocked(size, stream, attribution, context);
     if (block.ok()) return reinterpret_cast<void*>((*block)->address);
@@ -143,9 +174,10 @@ absl::StatusOr<void*> Engine::Allocate(std::size_t size, StreamId stream) {
 }
 
 absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
-                                              const Attribution& attribution, ContextId context) {
+                                              const Attribution& attribution, ContextId context,
+                                              bool* cache_missed) {
   if (ABSL_PREDICT_FALSE(outstanding_events_ > 0 || !deferred_until_no_capture_.empty())) {
-    ProcessEventsLocked();
+    if (absl::Status events = ProcessEventsLocked(); !events.ok()) return events;
   }
   const std::size_t rounded = policy_.RoundSize(size);
   const PoolKind kind = policy_.PoolFor(rounded);
@@ -175,6 +207,11 @@ absl::StatusOr<Block*> Engine::AllocateLocked(std::size_t size, StreamId stream,
   // Best fit over this stream's free blocks of the pool: O(1), and in the
   // common case of a training loop, a block of exactly this size.
   Block* block = TakeCachedBlock(lists, rounded);
+  if (block == nullptr && cache_missed != nullptr) {
+    *cache_missed = true;
+    DropStreamListsIfEmpty(owner, stream);
+    return nullptr;
+  }
   if (block == nullptr) {
     absl::StatusOr<Block*> fresh = NewSegment(rounded, kind, stream, owner, context);
     if (!fresh.ok()) {
@@ -244,9 +281,9 @@ absl::StatusOr<Block*> Engine::NewSegment(std::size_t rounded_size, PoolKind poo
     // again. Not during a capture: that needs event synchronization.
     if (!address.ok() && absl::IsResourceExhausted(address.status()) && !capturing) {
       ++stats_.num_alloc_retries;
-      absl::Status reclaimed = SynchronizeAllEvents();
-      absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
-      if (reclaimed.ok()) reclaimed = released;
+      // A broken event is raised, not reported as a full device.
+      if (absl::Status synced = SynchronizeAllEvents(); !synced.ok()) return synced;
+      absl::Status reclaimed = ReleaseFreeSegments(/*default_pool=*/true);
       address = BackendAllocate(segment_size, stream, owner);
       if (!address.ok() && !reclaimed.ok()) {
         // Say why the cache could not make room, or the error would blame a

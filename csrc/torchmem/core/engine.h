@@ -114,8 +114,17 @@ using TraceListener = std::function<void(const TraceEntry& entry)>;
 // Called without the engine's lock when an allocation is about to fail for
 // lack of memory; returns true if it may have freed memory (e.g. it ran
 // Python's garbage collector), in which case the allocation is retried once.
+// Not called while any engine of the process has a capture underway.
 using OutOfMemoryRetryHook = bool (*)();
 void SetOutOfMemoryRetryHook(OutOfMemoryRetryHook hook);
+
+// Called without the engine's lock when an allocation finds no cached block
+// (PyTorch's placement) or finds no room (virtual-memory placement), before
+// the engine asks the backend for memory or runs the out-of-memory ladder;
+// returns true if it may have freed memory. The allocation then looks again.
+// PyTorch's FreeCudaMemoryCallbacksRegistry (torch's cuda_ipc_collect frees
+// the blocks other processes are done with) is run through it.
+using CacheMissHook = bool (*)();
 
 // The per-scope list of blocks allocated (or pending) under a scope.
 struct ScopeBlocks {
@@ -199,7 +208,8 @@ class Engine {
   // Checks pending blocks' events and caches the blocks whose events all
   // completed (nothing while a capture is underway). A query that fails
   // (rather than "not ready") is counted, warned about once, and the event
-  // synchronized, so that no error pins a stream's blocks forever.
+  // synchronized; if that fails too the block stays pending and the next
+  // allocation returns the error (as PyTorch raises it).
   void ProcessEvents();
 
   // Returns cached memory to the backend, as PyTorch's emptyCache(pool):
@@ -333,6 +343,10 @@ class Engine {
   // torchmem._C_cuda sets one while PyTorch's history asks for C++ or
   // TorchScript frames; other engines keep the plain Python stacks.
   void SetContextCaptureOverride(ContextCaptureFn hook);
+  // See CacheMissHook (nullptr: none).
+  void SetCacheMissHook(CacheMissHook hook) {
+    cache_miss_hook_.store(hook, std::memory_order_release);
+  }
   void SetTraceListener(TraceListener listener);
   std::vector<TraceEntry> GetTrace() const;
   // Records a kSnapshot entry (PyTorch's snapshot marker).
@@ -370,8 +384,11 @@ class Engine {
     Block* block;
   };
 
+  // With `cache_missed`, a request that no cached block serves (PyTorch's
+  // placement) sets it and returns nullptr instead of obtaining memory.
   absl::StatusOr<Block*> AllocateLocked(std::size_t size, StreamId stream,
-                                        const Attribution& attribution, ContextId context)
+                                        const Attribution& attribution, ContextId context,
+                                        bool* cache_missed = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The private pool of the newest open route accepting `stream`, or nullptr.
   PrivatePool* RouteFor(StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -422,7 +439,8 @@ class Engine {
   }
   // Bytes mapped in every range.
   std::int64_t MappedBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void OnPagesMapped(Segment& range, std::int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // range_bytes_ from the device's capacity now (a multiple of `page`).
   absl::Status SizeRanges(std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Bytes of `segment` that hold memory: its size, or a range's mapped pages.
@@ -456,7 +474,9 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void MakeReusable(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RecordPendingEvents(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Returns the error of an event that could neither be queried nor waited
+  // for (its block stays pending).
+  absl::Status ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Records the events of blocks freed during a capture, now that none is.
   void RecordDeferredEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RetryUnrecordedEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -469,8 +489,12 @@ class Engine {
   // An event's block is done waiting for it.
   void CompleteEvent(EventId event, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Handles a failed query of `event` on `stream`: counts it, warns once,
-  // waits for the event; returns whether the event may count as complete.
-  bool HandleEventQueryError(StreamId stream, EventId event, const absl::Status& error)
+  // waits for the event; OK when the event may count as complete.
+  absl::Status WaitAfterQueryError(StreamId stream, EventId event, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Counts a failed wait for an event of `stream` and says why its block
+  // stays pending (with the backend's error code).
+  absl::Status EventWaitFailure(StreamId stream, const absl::Status& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Waits for every pending event (of `only`'s blocks, if given); returns the
   // first failure (the blocks of that stream stay pending).
@@ -575,6 +599,7 @@ class Engine {
   std::uint32_t trace_skip_mask_ ABSL_GUARDED_BY(mutex_) = 0;
   std::atomic<bool> trace_free_context_{false};
   std::atomic<ContextCaptureFn> context_capture_override_{nullptr};
+  std::atomic<CacheMissHook> cache_miss_hook_{nullptr};
   TraceListener trace_listener_ ABSL_GUARDED_BY(mutex_);
 
   // Private pools by id, open routes (newest last), stream captures marked.

@@ -12,9 +12,12 @@
 //
 // A query that fails (rather than answering "not ready") is not treated as
 // "not yet": the engine waits for the event (cudaEventSynchronize), counts
-// the failure and warns once. If waiting fails too the block is released
-// anyway with a warning: a device whose events fail both ways runs no
-// further work, and keeping the block would pin its memory forever.
+// the failure and warns once. If waiting fails too, the block stays pending
+// and the error is returned (the allocation, empty_cache or checkpoint that
+// processed the events raises it), as PyTorch's allocator raises the CUDA
+// error of a failed cudaEventQuery/cudaEventSynchronize: nobody knows
+// whether the stream still reads the block, so handing it out again could
+// let new data be overwritten by the old work. A later call asks again.
 #include <algorithm>
 #include <utility>
 
@@ -95,7 +98,8 @@ void Engine::RetryUnrecordedEvents() {
 
 void Engine::ProcessEvents() {
   MutexLock lock(&mutex_);
-  ProcessEventsLocked();
+  // A broken event keeps its block pending; the next allocation reports it.
+  (void)ProcessEventsLocked();
 }
 
 void Engine::CompleteEvent(EventId event, Block* block) {
@@ -104,7 +108,8 @@ void Engine::CompleteEvent(EventId event, Block* block) {
   if (--block->uses->pending_events == 0) MakeReusable(block);
 }
 
-bool Engine::HandleEventQueryError(StreamId stream, EventId event, const absl::Status& error) {
+absl::Status Engine::WaitAfterQueryError(StreamId stream, EventId event,
+                                         const absl::Status& error) {
   if (event_query_errors_++ == 0) {
     Warn(absl::StrFormat(
         "querying an event that guards a freed block on stream %#x of %s failed (%s); torchmem "
@@ -113,30 +118,36 @@ bool Engine::HandleEventQueryError(StreamId stream, EventId event, const absl::S
         stream, device_name_, error.message()));
   }
   absl::Status synced = backend_->SynchronizeEvent(event);
-  if (synced.ok()) return true;
-  if (event_sync_errors_++ == 0) {
-    Warn(absl::StrFormat(
-        "waiting for an event that guards a freed block on stream %#x of %s failed too (%s); "
-        "the block is reused anyway (the device reports this event broken both ways, so no "
-        "later answer will free it); warned once per device",
-        stream, device_name_, synced.message()));
-  }
-  return true;
+  if (synced.ok()) return synced;
+  return EventWaitFailure(stream, synced);
 }
 
-void Engine::ProcessEventsLocked() {
+absl::Status Engine::EventWaitFailure(StreamId stream, const absl::Status& error) {
+  ++event_sync_errors_;
+  return absl::Status(error.code(),
+                      absl::StrFormat("torchmem: waiting for an event that guards a freed block "
+                                      "on stream %#x of %s failed (%s); the block stays in use, "
+                                      "since that stream may still read or write it",
+                                      stream, device_name_, error.message()));
+}
+
+absl::Status Engine::ProcessEventsLocked() {
   // CUDA forbids querying or recording events while a capture is underway.
-  if (CaptureUnderwayLocked()) return;
+  if (CaptureUnderwayLocked()) return absl::OkStatus();
   if (!deferred_until_no_capture_.empty()) RecordDeferredEvents();
   if (!unrecorded_events_.empty()) RetryUnrecordedEvents();
-  for (auto it = pending_events_.begin(); it != pending_events_.end();) {
+  absl::Status failure;
+  for (auto it = pending_events_.begin(); it != pending_events_.end() && failure.ok();) {
     const StreamId stream = it->first;
     std::deque<PendingEvent>& queue = it->second;
     while (!queue.empty()) {
       const PendingEvent pending = queue.front();
       absl::StatusOr<bool> done = backend_->QueryEvent(pending.event);
       if (done.ok() && !*done) break;
-      if (!done.ok()) HandleEventQueryError(stream, pending.event, done.status());
+      if (!done.ok()) {
+        failure = WaitAfterQueryError(stream, pending.event, done.status());
+        if (!failure.ok()) break;  // the event stays queued, its block pending
+      }
       queue.pop_front();
       CompleteEvent(pending.event, pending.block);
     }
@@ -148,6 +159,7 @@ void Engine::ProcessEventsLocked() {
       ++it;
     }
   }
+  return failure;
 }
 
 absl::Status Engine::SynchronizeAllEvents(const PrivatePool* only) {
@@ -156,21 +168,20 @@ absl::Status Engine::SynchronizeAllEvents(const PrivatePool* only) {
   if (!unrecorded_events_.empty()) RetryUnrecordedEvents();
   if (outstanding_events_ == 0) return absl::OkStatus();
   ++stats_.num_sync_all_streams;
+  absl::Status failure;
   for (auto it = pending_events_.begin(); it != pending_events_.end();) {
     const StreamId stream = it->first;
     std::deque<PendingEvent> kept;
     for (const PendingEvent& pending : it->second) {
-      if (only != nullptr && pending.block->owner() != only) {
+      if (!failure.ok() || (only != nullptr && pending.block->owner() != only)) {
         kept.push_back(pending);
         continue;
       }
       if (absl::Status synced = backend_->SynchronizeEvent(pending.event); !synced.ok()) {
-        if (event_sync_errors_++ == 0) {
-          Warn(absl::StrFormat(
-              "waiting for an event that guards a freed block on stream %#x of %s failed (%s); "
-              "the block is reused anyway (warned once per device)",
-              stream, device_name_, synced.message()));
-        }
+        // This event and every later one stay queued, their blocks pending.
+        failure = EventWaitFailure(stream, synced);
+        kept.push_back(pending);
+        continue;
       }
       CompleteEvent(pending.event, pending.block);
     }
@@ -183,7 +194,7 @@ absl::Status Engine::SynchronizeAllEvents(const PrivatePool* only) {
   }
   // Events that could not even be recorded stay pending: nothing to wait
   // for yet (ProcessEvents retries recording them).
-  return absl::OkStatus();
+  return failure;
 }
 
 void Engine::MarkCaptureBegin() {

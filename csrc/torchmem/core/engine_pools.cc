@@ -181,7 +181,7 @@ absl::StatusOr<bool> Engine::CheckPoolLiveAllocations(
 
 absl::StatusOr<PoolCheckpoint> Engine::GetPoolCheckpoint(PoolId pool) {
   MutexLock lock(&mutex_);
-  ProcessEventsLocked();
+  if (absl::Status events = ProcessEventsLocked(); !events.ok()) return events;
   absl::StatusOr<PrivatePool*> found = FindPool(pool);
   if (!found.ok()) return found.status();
   if ((*found)->freeable) {

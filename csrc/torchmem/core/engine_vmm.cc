@@ -64,9 +64,8 @@ absl::Status Engine::CreateVmmSpaces() {
   const std::size_t large_page =
       std::max(*page, (policy_.vmm_large_page_size + *page - 1) / *page * *page);
   if (absl::Status sized = SizeRanges(large_page); !sized.ok()) return sized;
-  auto listener = [this](Segment& range, std::int64_t pages) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    OnPagesMapped(range, pages);
-  };
+  auto listener = [this](Segment& range, std::uintptr_t address, std::int64_t pages)
+                      ABSL_NO_THREAD_SAFETY_ANALYSIS { OnPagesMapped(range, address, pages); };
   vmm_[static_cast<int>(PoolKind::kSmall)] = std::make_unique<VmmSpace>(*backend_, *page, listener);
   vmm_[static_cast<int>(PoolKind::kLarge)] =
       std::make_unique<VmmSpace>(*backend_, large_page, listener);
@@ -93,7 +92,7 @@ absl::Status Engine::SizeRanges(std::size_t page) {
   return absl::OkStatus();
 }
 
-void Engine::OnPagesMapped(Segment& range, std::int64_t pages) {
+void Engine::OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t pages) {
   const std::int64_t bytes = pages * static_cast<std::int64_t>(SpaceOf(range).page_size());
   auto apply = [&](StatArray& array) {
     if (bytes > 0) array.Increase(range.pool, bytes);
@@ -104,6 +103,14 @@ void Engine::OnPagesMapped(Segment& range, std::int64_t pages) {
     apply(stats_.reserved_bytes_by_private_pools[{range.owner->id.first, range.owner->id.second}]);
   }
   peak_mapped_bytes_ = std::max(peak_mapped_bytes_, MappedBytes());
+  // As PyTorch traces its expandable segments' maps and unmaps: memory_viz
+  // draws reserved memory from them, and NCCL's trace tracker
+  // (ProcessGroupNCCL) registers mapped memory with its communicators.
+  if (ABSL_PREDICT_FALSE(Tracing())) {
+    Trace(bytes > 0 ? TraceAction::kSegmentMap : TraceAction::kSegmentUnmap, address,
+          static_cast<std::size_t>(bytes > 0 ? bytes : -bytes), range.stream,
+          bytes > 0 ? range.context : segment_free_context_, range.owner);
+  }
 }
 
 std::int64_t Engine::HeldBytes(const Segment& segment) const {
@@ -322,13 +329,14 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
     // The ladder: pending blocks become free and every cached page that may
     // go is given back (of released private pools too), then once more.
     ++stats_.num_alloc_retries;
-    absl::Status reclaimed = SynchronizeAllEvents();
+    // A broken event is raised, not reported as a full device.
+    if (absl::Status synced = SynchronizeAllEvents(); !synced.ok()) return synced;
     absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
-    if (!reclaimed.ok() || !released.ok()) {
-      const absl::Status& why = reclaimed.ok() ? released : reclaimed;
+    if (!released.ok()) {
       return absl::Status(failure.code(),
                           absl::StrCat(failure.message(),
-                                       "; the cache could not make room first: ", why.message()));
+                                       "; the cache could not make room first: ",
+                                       released.message()));
     }
   }
   return failure;

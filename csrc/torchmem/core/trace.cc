@@ -23,6 +23,10 @@ const char* TraceActionName(TraceAction action) {
       return "snapshot";
     case TraceAction::kAnnotate:
       return "annotate";
+    case TraceAction::kSegmentMap:
+      return "segment_map";
+    case TraceAction::kSegmentUnmap:
+      return "segment_unmap";
   }
   return "?";
 }

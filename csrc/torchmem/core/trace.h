@@ -27,8 +27,10 @@ enum class TraceAction : std::uint8_t {
   kOom,            // an allocation failed; address = bytes free on the device then
   kSnapshot,       // a snapshot was taken; size = active bytes then
   kAnnotate,       // a label was attached to a live block (user_metadata = the text)
+  kSegmentMap,     // pages of a virtual-memory range were mapped (address, bytes)
+  kSegmentUnmap,   // pages of a virtual-memory range were unmapped (address, bytes)
 };
-inline constexpr int kNumTraceActions = 8;
+inline constexpr int kNumTraceActions = 10;
 
 const char* TraceActionName(TraceAction action);
 // The action of a PyTorch action name ("alloc", "segment_free", ...); false

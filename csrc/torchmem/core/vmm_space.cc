@@ -187,7 +187,7 @@ absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t 
     page.handle = *handle;
     ++mapped_pages_;
     ++range.mapped_pages;
-    listener_(range, 1);
+    listener_(range, AddressOf(index), 1);
     mapped.push_back(index);
   }
   return GiveAccess(first, count);
@@ -293,7 +293,7 @@ absl::StatusOr<PhysicalPage> VmmSpace::UnmapPage(std::uint64_t index) {
   stealable_.erase(index);
   --mapped_pages_;
   --range->mapped_pages;
-  listener_(*range, -1);
+  listener_(*range, AddressOf(index), -1);
   return handle;
 }
 
@@ -351,7 +351,8 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
       --mapped_pages_;
       --range.mapped_pages;
     }
-    listener_(range, -static_cast<std::int64_t>(end - begin));
+    listener_(range, AddressOf(cached[begin]),
+              -static_cast<std::int64_t>(end - begin));
     begin = end;
   }
   return absl::OkStatus();

@@ -89,9 +89,11 @@ struct VmmAcquireLimits {
 
 class VmmSpace {
  public:
-  // Called after pages of `range` were mapped (+n) or unmapped (-n): the
-  // engine keeps reserved_bytes equal to the mapped bytes.
-  using MappedListener = std::function<void(Segment& range, std::int64_t pages)>;
+  // Called after pages of `range` starting at `address` were mapped (+n) or
+  // unmapped (-n): the engine keeps reserved_bytes equal to the mapped bytes
+  // and traces the change (segment_map, segment_unmap).
+  using MappedListener =
+      std::function<void(Segment& range, std::uintptr_t address, std::int64_t pages)>;
 
   VmmSpace(Backend& backend, std::size_t page_size, MappedListener listener);
   VmmSpace(const VmmSpace&) = delete;

@@ -32,6 +32,7 @@ void RegisterInstall(py::module_& m);
 void RegisterCapture(py::module_& m);
 void RegisterDevices(py::module_& m);
 void RegisterBuildInfo(py::module_& m);
+void RegisterCollector(py::module_& m);
 
 // Raises the Python exception for an error status: ValueError for bad
 // arguments and unknown pointers, torch.OutOfMemoryError when out of

@@ -13,8 +13,16 @@ namespace {
 // its lock; takes the GIL. gc.collect() rather than PyGC_Collect(): the
 // latter does nothing while gc is disabled, which is exactly when training
 // loops that disable it for speed accumulate cycles.
+//
+// Only on threads Python knows (a thread state of their own): a thread it
+// does not (TorchScript's inter-op pool, NCCL's and c10d's workers, a C++
+// library's threads) would take the GIL here from inside the allocator,
+// where the thread that holds the GIL may be waiting for it (a deadlock);
+// and collecting there runs arbitrary finalizers on a thread that never
+// asked for Python. PyTorch's own allocator calls no Python at all.
 bool CollectGarbageForRetry() {
   if (InterpreterGone()) return false;
+  if (PyGILState_GetThisThreadState() == nullptr) return false;
   py::gil_scoped_acquire gil;
   try {
     const auto collected = py::module_::import("gc").attr("collect")().cast<Py_ssize_t>();

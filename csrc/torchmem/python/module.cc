@@ -18,4 +18,5 @@ PYBIND11_MODULE(_C, m) {
   torchmem::python::RegisterInstall(m);
   torchmem::python::RegisterCapture(m);
   torchmem::python::RegisterDevices(m);
+  torchmem::python::RegisterCollector(m);
 }

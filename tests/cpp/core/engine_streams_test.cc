@@ -132,17 +132,25 @@ TEST_F(EngineTest, FailedEventQueryWaitsForTheEventCountsAndWarnsOnce) {
   EXPECT_NE(Warnings()[0].find("querying an event"), std::string::npos) << Warnings()[0];
 }
 
-TEST_F(EngineTest, EventBrokenBothWaysStillReleasesTheBlock) {
+TEST_F(EngineTest, EventBrokenBothWaysKeepsTheBlockAndFailsTheNextAllocation) {
   void* ptr = Allocate(4096, kCompute);
   ASSERT_TRUE(engine_->RecordStream(ptr, kCopy).ok());
   Free(ptr);
   faults_->FailAlways(BackendCall::kQueryEvent);
   faults_->FailAlways(BackendCall::kSynchronizeEvent);
   engine_->ProcessEvents();
-  EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_EQ(Stats().active.all().current, 1);  // kCopy may still use it
   EXPECT_EQ(engine_->GetEventHealth().event_sync_errors, 1);
+  absl::StatusOr<void*> next = engine_->Allocate(4096, kCompute);
+  ASSERT_FALSE(next.ok());
+  EXPECT_FALSE(absl::IsResourceExhausted(next.status())) << next.status();
+  EXPECT_EQ(Stats().active.all().current, 1);
   faults_->Clear(BackendCall::kQueryEvent);
   faults_->Clear(BackendCall::kSynchronizeEvent);
+  backend_->CompleteStream(kCopy);
+  engine_->ProcessEvents();
+  EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_POOL_INTACT(*engine_);
 }
 
 TEST_F(EngineTest, EventTableKeepsOnlyStreamsWithEventsInFlight) {

@@ -21,7 +21,8 @@ constexpr std::size_t kLargePage = 20 * kMiB;
 class VmmSpaceTest : public ::testing::Test {
  protected:
   VmmSpaceTest()
-      : space_(faults_, kLargePage, [this](Segment&, std::int64_t pages) { mapped_ += pages; }) {}
+      : space_(faults_, kLargePage,
+               [this](Segment&, std::uintptr_t, std::int64_t pages) { mapped_ += pages; }) {}
 
   void SetUp() override {
     // Ranges start on a multiple of the page size (the engine aligns them so).

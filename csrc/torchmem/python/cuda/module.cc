@@ -15,10 +15,13 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "torchmem/core/shared_library.h"
+#include "torchmem/torch/torch_version.h"
 #include "torchmem/torch/cuda/alloc_config.h"
 #include "torchmem/torch/cuda/cuda_allocator.h"
 #include "torchmem/torch/cuda/cuda_engines.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
 #include "torchmem/torch/cuda/pluggable_entry_points.h"
+#include "torchmem/torch/cuda/trace_tracker_recorder.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
 
 namespace py = pybind11;
@@ -34,6 +37,7 @@ PYBIND11_MODULE(_C_cuda, m) {
   }
   torchmem::torch_glue::RegisterCudaEngineProvider();
   torchmem::torch_glue::RegisterTracebackUnwinder();
+  torchmem::torch_glue::RegisterCudaForkLocks();
 
   m.def(
       "allocator", []() { return torchmem::torch_glue::TorchmemCudaAllocator(); },
@@ -89,4 +93,67 @@ PYBIND11_MODULE(_C_cuda, m) {
       },
       "name -> (exported symbol, function address) of each CUDAPluggableAllocator entry point "
       "of the reduced route (this module's file exports the symbols)");
+
+  m.def("fork_lock_names", &torchmem::torch_glue::CudaForkLockNames,
+        "The CUDA glue's locks held across fork() (for tests)");
+  m.def(
+      "hold_fork_lock",
+      [](const std::string& name, int milliseconds) {
+        absl::Status held;
+        {
+          py::gil_scoped_release release;
+          held = torchmem::torch_glue::HoldCudaForkLock(name, milliseconds);
+        }
+        if (!held.ok()) throw std::invalid_argument(std::string(held.message()));
+      },
+      py::arg("name"), py::arg("milliseconds"),
+      "Holds one of those locks on this thread for a while, without the GIL (for tests)");
+  m.def("fork_lock_held", &torchmem::torch_glue::CudaForkLockHeld,
+        "Whether hold_fork_lock holds its lock now (for tests)");
+  m.def(
+      "take_fork_lock",
+      [](const std::string& name) {
+        absl::Status taken;
+        {
+          py::gil_scoped_release release;
+          taken = torchmem::torch_glue::TakeCudaForkLock(name);
+        }
+        if (!taken.ok()) throw std::invalid_argument(std::string(taken.message()));
+      },
+      py::arg("name"), "Takes and releases one of those locks (for tests)");
+
+  m.def("attach_recording_trace_tracker", &torchmem::torch_glue::AttachRecordingTraceTracker,
+        "Attaches a trace tracker through PyTorch's attachAllocatorTraceTracker that records "
+        "what the current CUDA allocator tells it (once per process; for tests)");
+  m.def(
+      "recorded_trace_entries",
+      []() {
+        py::list entries;
+        for (const auto& entry : torchmem::torch_glue::RecordedTraceEntries()) {
+          py::dict d;
+          d["action"] = entry.action;
+          d["device"] = entry.device;
+          d["addr"] = entry.address;
+          d["size"] = entry.size;
+          entries.append(d);
+        }
+        return entries;
+      },
+      "What that tracker recorded: dicts of action, device, addr, size (for tests)");
+#if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // getExpandableSegmentSizes arrived in torch 2.10
+  m.def(
+      "expandable_segment_sizes",
+      [](c10::DeviceIndex device) {
+        py::list sizes;
+        for (const auto& size :
+             c10::cuda::CUDACachingAllocator::getExpandableSegmentSizes(device)) {
+          sizes.append(py::make_tuple(reinterpret_cast<std::uintptr_t>(size.stream),
+                                      size.is_small_pool, size.total_size));
+        }
+        return sizes;
+      },
+      py::arg("device"),
+      "c10::cuda::CUDACachingAllocator::getExpandableSegmentSizes through PyTorch's current "
+      "CUDA allocator: (stream, is_small_pool, total_size) per expandable segment (for tests)");
+#endif
 }

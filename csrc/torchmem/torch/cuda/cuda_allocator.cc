@@ -24,6 +24,8 @@
 #include "torchmem/backends/cuda_streams.h"
 #include "torchmem/core/warnings.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
+#include "torchmem/torch/cuda/free_memory_callbacks.h"
 #include "torchmem/torch/cuda/pool_allocator_source.h"
 
 namespace torchmem::torch_glue {
@@ -106,6 +108,7 @@ void RawDeleteUncached(void* ptr) {
 
 TorchmemCudaAllocatorImpl::TorchmemCudaAllocatorImpl() {
   SetCudaEngineInitializer(&ConfigureNewEngineTrampoline);
+  RegisterCudaForkLocks();
 }
 
 namespace {
@@ -121,6 +124,10 @@ const std::shared_ptr<TorchmemCudaAllocatorImpl>& SharedAllocator() {
 }  // namespace
 
 TorchmemCudaAllocatorImpl& AllocatorImpl() { return *SharedAllocator(); }
+
+void LockAllocatorForFork() { AllocatorImpl().LockForFork(); }
+
+void UnlockAllocatorAfterFork() { AllocatorImpl().UnlockAfterFork(); }
 
 std::shared_ptr<cca::CUDAAllocator> TorchmemCudaAllocator() { return SharedAllocator(); }
 
@@ -184,6 +191,7 @@ void TorchmemCudaAllocatorImpl::ConfigureNewEngine(int device, Engine& engine) {
   if (!adopted.ok()) Warn(adopted.message());
   engine.SetGarbageCollectionThreshold(settings.garbage_collection_threshold);
   ApplyPlacement(engine, settings.expandable_segments);
+  engine.SetCacheMissHook(&RunFreeCudaMemoryCallbacks);
   if (settings.per_process_memory_fraction < 1.0) {
     // Not setMemoryFraction(): the engine is not published yet.
     const double fraction = settings.per_process_memory_fraction;
@@ -400,7 +408,17 @@ void* TorchmemCudaAllocatorImpl::getBaseAllocation(void* ptr, size_t* size) {
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)
 std::vector<cca::StreamSegmentSize> TorchmemCudaAllocatorImpl::ExpandableSegmentSizes(
     c10::DeviceIndex device) {
-  return {};  // torchmem makes no expandable segments (yet)
+  // As PyTorch's: one entry per expandable segment (torchmem's virtual-memory
+  // ranges, of every pool), with its stream, pool and mapped bytes.
+  std::vector<cca::StreamSegmentSize> sizes;
+  Engine* engine = ExistingCudaEngine(device);
+  if (engine == nullptr) return sizes;
+  for (const SegmentInfo& segment : engine->GetSegments()) {
+    if (!segment.vmm) continue;
+    sizes.emplace_back(reinterpret_cast<cudaStream_t>(segment.stream),
+                       segment.pool == PoolKind::kSmall, segment.mapped_bytes);
+  }
+  return sizes;
 }
 #endif
 

@@ -123,6 +123,9 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
   // expandable_segments -> the engine's placement (warns if the device has
   // no virtual memory API).
   static void ApplyPlacement(Engine& engine, bool expandable_segments);
+  // The fork handlers hold mutex_ across fork() (cuda_fork_locks.h).
+  void LockForFork() { mutex_.lock(); }
+  void UnlockAfterFork() { mutex_.unlock(); }
 
  private:
   void* Malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream);

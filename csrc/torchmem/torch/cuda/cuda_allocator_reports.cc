@@ -65,6 +65,10 @@ cca::TraceEntry::Action ToTorch(TraceAction action) {
       return cca::TraceEntry::SEGMENT_ALLOC;
     case TraceAction::kSegmentFree:
       return cca::TraceEntry::SEGMENT_FREE;
+    case TraceAction::kSegmentMap:
+      return cca::TraceEntry::SEGMENT_MAP;
+    case TraceAction::kSegmentUnmap:
+      return cca::TraceEntry::SEGMENT_UNMAP;
     case TraceAction::kOom:
       return cca::TraceEntry::OOM;
     case TraceAction::kSnapshot:

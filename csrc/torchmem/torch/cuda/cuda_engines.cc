@@ -11,6 +11,7 @@
 #include "torchmem/backends/cuda_address_registry.h"
 #include "torchmem/backends/cuda_backend.h"
 #include "torchmem/core/device_engines.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
 
 namespace torchmem::torch_glue {
 namespace {
@@ -85,6 +86,10 @@ CudaBackend& CudaBackendOf(int device) {
   (void)CudaEngine(device);
   return *g_backends[device];
 }
+
+void LockEngineTableForFork() { g_engines_mutex.lock(); }
+
+void UnlockEngineTableAfterFork() { g_engines_mutex.unlock(); }
 
 void SetCudaEngineInitializer(CudaEngineInitializer initializer) {
   g_initializer.store(initializer, std::memory_order_release);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "torchmem/core/context_capture.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
 
 namespace torchmem::torch_glue {
@@ -91,6 +93,12 @@ class DerivedTable {
     return it == by_id_.end() ? kNoContext : it->second.python_stack;
   }
 
+  void LockForFork() { mutex_.lock(); }
+  void UnlockAfterFork() { mutex_.unlock(); }
+  // Only in a forked child, whose one thread holds the lock (taken before
+  // fork by the parent's forking thread): nothing else can use it.
+  void ResetLockInChild() { new (&mutex_) std::shared_mutex(); }
+
   std::shared_ptr<c10::GatheredContext> Context(ContextId id) const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     auto it = by_id_.find(id);
@@ -147,5 +155,11 @@ ContextId CaptureWithTorchFrames() {
 }
 
 std::shared_ptr<c10::GatheredContext> DerivedContext(ContextId id) { return Table().Context(id); }
+
+void LockHistoryContextsForFork() { Table().LockForFork(); }
+
+void UnlockHistoryContextsAfterFork() { Table().UnlockAfterFork(); }
+
+void ResetHistoryContextsLockInChild() { Table().ResetLockInChild(); }
 
 }  // namespace torchmem::torch_glue

@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/cuda_fork_locks.h"
 #include "torchmem/torch/cuda/ipc_expandable.h"
 
 namespace torchmem::torch_glue {
@@ -50,6 +51,10 @@ std::mutex g_ipc_mutex;
 auto* g_opened = new absl::flat_hash_map<std::string, OpenedHandle>;
 
 }  // namespace
+
+void LockIpcHandlesForFork() { g_ipc_mutex.lock(); }
+
+void UnlockIpcHandlesAfterFork() { g_ipc_mutex.unlock(); }
 
 cca::ShareableHandle TorchmemCudaAllocatorImpl::shareIpcHandle(void* ptr) {
   for (const auto& [device, engine] : CudaEngines()) {

@@ -10,6 +10,7 @@
 
 #include "common/code_names.h"
 #include "driver/driver_entry.h"
+#include "driver/virtual_memory.h"
 #include "simcuda_tables.inc"
 
 // A CUcontext points to one of these: one primary context per device.
@@ -117,8 +118,10 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
       return CUDA_SUCCESS;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+      *value = simcuda::drv::GpuDirectRdmaSupported() ? 1 : 0;  // SIMCUDA_GPU_DIRECT_RDMA
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
 #if CUDA_VERSION >= 13000  // host VMM attributes are new in CUDA 13's cuda.h
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:

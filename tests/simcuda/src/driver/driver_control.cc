@@ -67,6 +67,7 @@ void simcuda_driver_vmm_stats(simcuda_vmm_stats_t* stats) {
   stats->mappings = c.mappings;
   stats->mapped_bytes = c.mapped_bytes;
   stats->accessible_bytes = c.accessible_bytes;
+  stats->rdma_capable_allocations = c.rdma_capable_allocations;
 }
 
 }  // extern "C"

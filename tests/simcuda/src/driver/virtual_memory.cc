@@ -160,6 +160,11 @@ CUresult VirtualMemory::FreeReservation(uintptr_t base, size_t size) {
 CUresult VirtualMemory::Create(size_t size, const CUmemAllocationProp& prop,
                                CUmemGenericAllocationHandle* out) {
   const int device = prop.location.id;
+  // A device without GPUDirect RDMA for virtual memory refuses to create
+  // RDMA-capable memory (the caller must ask the device attribute first).
+  if (prop.allocFlags.gpuDirectRDMACapable != 0 && !GpuDirectRdmaSupported()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (CUresult charged = Charge(device, size); charged != CUDA_SUCCESS) return charged;
   const int fd = NewMemfd(device, size);
   if (fd < 0) {
@@ -172,7 +177,6 @@ CUresult VirtualMemory::Create(size_t size, const CUmemAllocationProp& prop,
   a.fd = fd;
   a.prop = prop;
   a.prop.allocFlags.compressionType = 0;       // no compressible memory here
-  a.prop.allocFlags.gpuDirectRDMACapable = 0;  // nor GPUDirect RDMA
   a.charged = true;
   std::lock_guard<std::mutex> lock(mu_);
   *out = next_handle_++;
@@ -419,13 +423,24 @@ bool VirtualMemory::FindAccessible(uintptr_t ptr, size_t bytes, int accessor, in
   return true;
 }
 
+bool GpuDirectRdmaSupported() {
+  static const bool supported = [] {
+    const char* env = std::getenv("SIMCUDA_GPU_DIRECT_RDMA");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return supported;
+}
+
 VmmCounts VirtualMemory::Counts() {
   std::lock_guard<std::mutex> lock(mu_);
   VmmCounts c;
   c.reservations = reservations_.size();
   for (const auto& [base, size] : reservations_) c.reserved_bytes += size;
   c.allocations = allocations_.size();
-  for (const auto& [handle, a] : allocations_) c.allocated_bytes += a.size;
+  for (const auto& [handle, a] : allocations_) {
+    c.allocated_bytes += a.size;
+    if (a.prop.allocFlags.gpuDirectRDMACapable != 0) ++c.rdma_capable_allocations;
+  }
   c.mappings = mappings_.size();
   for (const auto& [base, m] : mappings_) {
     c.mapped_bytes += m.size;

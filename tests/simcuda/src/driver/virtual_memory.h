@@ -55,7 +55,12 @@ struct VmmCounts {
   uint64_t mappings = 0;
   uint64_t mapped_bytes = 0;
   uint64_t accessible_bytes = 0;  // mapped bytes some device may read
+  uint64_t rdma_capable_allocations = 0;  // live ones created gpuDirectRDMACapable
 };
+
+// Whether the devices support GPUDirect RDMA with virtual memory
+// (SIMCUDA_GPU_DIRECT_RDMA=1, read once).
+bool GpuDirectRdmaSupported();
 
 class VirtualMemory {
  public:

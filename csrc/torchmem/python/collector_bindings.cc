@@ -1,0 +1,21 @@
+// torchmem._C.instances_of / subset_garbage: the subset collection of a leak check's exit
+// (subset_collection.h; torchmem/leaks/collector.py uses them).
+#include "torchmem/python/bindings.h"
+#include "torchmem/python/subset_collection.h"
+
+namespace torchmem::python {
+
+void RegisterCollector(py::module_& m) {
+  m.def("instances_of", [](py::list objects, py::object type) {
+    PyObject* found = TorchmemInstancesOf(objects.ptr(), type.ptr());
+    if (found == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::list>(found);
+  }, py::arg("objects"), py::arg("type"));
+  m.def("subset_garbage", [](py::list objects, py::list seeds, Py_ssize_t max_passes, Py_ssize_t max_members) {
+    PyObject* result = TorchmemSubsetGarbage(objects.ptr(), seeds.ptr(), max_passes, max_members);
+    if (result == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::tuple>(result);
+  }, py::arg("objects"), py::arg("seeds"), py::arg("max_passes"), py::arg("max_members"));
+}
+
+}  // namespace torchmem::python
