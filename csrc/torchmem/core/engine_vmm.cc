@@ -119,7 +119,10 @@ std::int64_t Engine::HeldBytes(const Segment& segment) const {
 }
 
 void Engine::FillVmmStats(MemoryStats& stats) const {
+  // The vmm.* keys only while virtual memory is in use: once expandable
+  // segments are off and their ranges released, the keys are PyTorch's again.
   if (!HasVmmSpaces()) return;
+  if (placement_ != Placement::kVirtualMemory && reserved_address_bytes_ == 0) return;
   MemoryStats::Vmm& out = stats.vmm;
   out.page_size = static_cast<std::int64_t>(vmm_[static_cast<int>(PoolKind::kSmall)]->page_size());
   out.large_page_size =

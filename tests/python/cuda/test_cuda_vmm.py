@@ -83,6 +83,23 @@ def consistent():
     assert stats["reserved_bytes.all.current"] == torch.cuda.memory_reserved()
 
 
+def test_statistics_keys_are_pytorchs_again_once_expandable_segments_are_off():
+    """The vmm.* figures exist while virtual memory is in use; after it, torchmem's statistics
+    have PyTorch's keys again, whatever an earlier test switched on."""
+    empty_cache()
+    set_allocator_settings("expandable_segments:True")
+    try:
+        x = filled(MiB, 1)
+        assert torchmem.memory_stats("cuda:0")["vmm.mapped_bytes"] > 0
+        del x
+    finally:
+        set_allocator_settings("expandable_segments:False")
+        empty_cache()
+    stats = torchmem.memory_stats("cuda:0")
+    assert not [key for key in stats if key.startswith("vmm.")]
+    assert stats == torch.cuda.memory_stats(0)
+
+
 def test_pages_are_mapped_as_blocks_need_them_and_unmapped_by_empty_cache(sim, expandable):
     reserves = sim.call_count("cuMemAddressReserve")
     a = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")  # the large pool: a 20 MiB page
