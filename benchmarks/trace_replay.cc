@@ -32,11 +32,14 @@
 //            placement (best fit, PyTorch's tie-breaks), segments from the
 //            backend. run_all's "torchmem (PyTorch-identical)" column.
 //   vmm      the virtual-memory placement (expandable_segments:True): one
-//            address range per pool, page fit, 2 MiB pages mapped where live
-//            blocks are, lazy unmapping with highest-address stealing
+//            address range per pool, page fit, pages mapped where live
+//            blocks are (2 MiB in the small pool, 20 MiB in the large one),
+//            lazy unmapping, cached pages moved only under memory pressure
 //            (Placement::kVirtualMemory). run_all's "torchmem VMM" column;
 //            reserved bytes are the mapped pages, and the rows count the
 //            backend's map and unmap calls.
+//   vmm_2mib the same with 2 MiB pages in the large pool too: the other side
+//            of the page size's trade-off (less memory, more calls).
 //
 // Output per trace: ops replayed, peak reserved / allocated / requested,
 // final reserved, device (backend segment) allocs and frees, ns per op
@@ -139,15 +142,24 @@ std::unique_ptr<Engine> NewPyTorchIdenticalEngine() {
   return std::make_unique<Engine>(std::make_unique<torchmem::ControlledBackend>(options));
 }
 
-std::unique_ptr<Engine> NewVirtualMemoryEngine() {
+std::unique_ptr<Engine> NewVirtualMemoryEngine(std::size_t large_page) {
   torchmem::ControlledBackendOptions options;
   options.device_name = "replay:0";
   options.capacity_bytes = std::size_t{1} << 50;
   options.auto_complete_events = true;
   torchmem::EngineOptions engine_options;
   engine_options.placement = torchmem::Placement::kVirtualMemory;
+  engine_options.policy.vmm_large_page_size = large_page;
   return std::make_unique<Engine>(std::make_unique<torchmem::ControlledBackend>(options),
                                   engine_options);
+}
+
+std::unique_ptr<Engine> NewVirtualMemoryEngineOfPyTorchPages() {
+  return NewVirtualMemoryEngine(torchmem::SizePolicy{}.vmm_large_page_size);
+}
+
+std::unique_ptr<Engine> NewVirtualMemoryEngineOfSmallPages() {
+  return NewVirtualMemoryEngine(2 * torchmem::kMiB);
 }
 
 // The engine variants this build replays, in report order.
@@ -159,8 +171,13 @@ const std::vector<Variant>& Variants() {
        &NewPyTorchIdenticalEngine},
       {"vmm",
        "virtual-memory placement (expandable_segments:True): page fit in one address range per "
-       "pool, 2 MiB pages mapped on demand, lazy unmapping, highest-address stealing",
-       &NewVirtualMemoryEngine},
+       "pool, pages mapped on demand (2 MiB in the small pool, 20 MiB in the large one, as "
+       "PyTorch's expandable segments), lazy unmapping, cached pages moved only under pressure",
+       &NewVirtualMemoryEngineOfPyTorchPages},
+      {"vmm_2mib",
+       "the virtual-memory placement with 2 MiB pages in the large pool too "
+       "(SizePolicy::vmm_large_page_size): finer mappings, ten times the calls",
+       &NewVirtualMemoryEngineOfSmallPages},
   };
   return variants;
 }

@@ -179,6 +179,13 @@ std::int64_t ControlledBackend::live_pages() const {
   return static_cast<std::int64_t>(pages_.size());
 }
 
+std::size_t ControlledBackend::live_page_bytes() const {
+  MutexLock lock(&mutex_);
+  std::size_t bytes = 0;
+  for (const auto& [page, created] : pages_) bytes += created.size;
+  return bytes;
+}
+
 std::int64_t ControlledBackend::mapped_pages() const {
   MutexLock lock(&mutex_);
   return static_cast<std::int64_t>(mappings_.size());
@@ -238,12 +245,17 @@ absl::Status ControlledBackend::ReleaseAddressRange(std::uintptr_t address, std:
   return absl::OkStatus();
 }
 
-absl::StatusOr<PhysicalPage> ControlledBackend::CreatePhysicalPage() {
+absl::StatusOr<PhysicalPage> ControlledBackend::CreatePhysicalPage(std::size_t size) {
   MutexLock lock(&mutex_);
-  if (absl::Status fits = CheckFits(options_.vmm_page_size); !fits.ok()) return fits;
-  live_bytes_ += options_.vmm_page_size;
+  const std::size_t granule = options_.vmm_page_size;
+  if (granule == 0 || size == 0 || size % granule != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CreatePhysicalPage(%d): not a positive multiple of the page size", size));
+  }
+  if (absl::Status fits = CheckFits(size); !fits.ok()) return fits;
+  live_bytes_ += size;
   const PhysicalPage page = next_page_++;
-  pages_.emplace(page, 0);
+  pages_.emplace(page, Created{size, 0});
   return page;
 }
 
@@ -254,12 +266,12 @@ absl::Status ControlledBackend::ReleasePhysicalPage(PhysicalPage page) {
     return absl::InvalidArgumentError(
         absl::StrFormat("ReleasePhysicalPage(%d): no such page", page));
   }
-  if (it->second != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("ReleasePhysicalPage(%d): still mapped at %#x", page, it->second));
+  if (it->second.mapped_at != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ReleasePhysicalPage(%d): still mapped at %#x", page, it->second.mapped_at));
   }
+  live_bytes_ -= it->second.size;
   pages_.erase(it);
-  live_bytes_ -= options_.vmm_page_size;
   return absl::OkStatus();
 }
 
@@ -279,22 +291,29 @@ absl::Status ControlledBackend::CheckInRange(const char* call, std::uintptr_t ad
       absl::StrFormat("%s(%#x, %d): not inside one reserved range", call, address, size));
 }
 
-absl::Status ControlledBackend::MapPage(std::uintptr_t address, PhysicalPage page) {
+absl::Status ControlledBackend::MapPage(std::uintptr_t address, PhysicalPage page,
+                                        std::size_t size) {
   MutexLock lock(&mutex_);
-  if (absl::Status inside = CheckInRange("MapPage", address, options_.vmm_page_size);
-      !inside.ok()) {
-    return inside;
-  }
+  if (absl::Status inside = CheckInRange("MapPage", address, size); !inside.ok()) return inside;
   auto it = pages_.find(page);
-  if (it == pages_.end() || it->second != 0) {
+  if (it == pages_.end() || it->second.mapped_at != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("MapPage(%#x, %d): no such page, or it is mapped already", address, page));
   }
-  if (!mappings_.try_emplace(address, Mapping{page, false}).second) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("MapPage(%#x): something is mapped there already", address));
+  if (it->second.size != size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MapPage(%#x, %d, %d): the page has %d bytes", address, page, size, it->second.size));
   }
-  it->second = address;
+  for (std::uintptr_t at = address; at < address + size; at += options_.vmm_page_size) {
+    if (mappings_.contains(at)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("MapPage(%#x): something is mapped at %#x already", address, at));
+    }
+  }
+  for (std::uintptr_t at = address; at < address + size; at += options_.vmm_page_size) {
+    mappings_.emplace(at, Mapping{page, false});
+  }
+  it->second.mapped_at = address;
   return absl::OkStatus();
 }
 
@@ -324,9 +343,17 @@ absl::Status ControlledBackend::UnmapPages(std::uintptr_t address, std::size_t s
     return inside;
   }
   for (std::uintptr_t at = address; at < address + size; at += options_.vmm_page_size) {
-    if (!mappings_.contains(at)) {
+    auto mapping = mappings_.find(at);
+    if (mapping == mappings_.end()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("UnmapPages(%#x, %d): page %#x is not mapped", address, size, at));
+    }
+    // As cuMemUnmap, a page is unmapped whole or not at all.
+    const Created& created = pages_.at(mapping->second.page);
+    if (created.mapped_at < address || created.mapped_at + created.size > address + size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "UnmapPages(%#x, %d): the %d-byte page mapped at %#x is not covered whole", address,
+          size, created.size, created.mapped_at));
     }
   }
   // Unmapping waits for the stream's queued work, as the CUDA backend does.
@@ -334,7 +361,7 @@ absl::Status ControlledBackend::UnmapPages(std::uintptr_t address, std::size_t s
   progress.completed = progress.recorded;
   for (std::uintptr_t at = address; at < address + size; at += options_.vmm_page_size) {
     auto it = mappings_.find(at);
-    pages_[it->second.page] = 0;
+    pages_[it->second.page].mapped_at = 0;
     mappings_.erase(it);
   }
   if (options_.real_memory) {

@@ -12,10 +12,11 @@
 //   - Failures other than a full device are not its business: wrap it in a
 //     FaultInjectingBackend to make any call fail.
 //   - Virtual memory like the driver's (page size `vmm_page_size`, 0: none):
-//     reserved ranges, pages that count against the capacity as segments do,
-//     mappings checked as the driver checks them (aligned, inside a range,
-//     not mapped twice, a page mapped at most once, access before use,
-//     nothing left mapped in a released range). With `real_memory` ranges are
+//     reserved ranges, pages (any multiple of the page size, as cuMemCreate
+//     takes) that count against the capacity as segments do, mappings
+//     checked as the driver checks them (aligned, inside a range, not mapped
+//     twice, a page mapped at most once and whole, unmapped whole, access
+//     before use, nothing left mapped in a released range). With `real_memory` ranges are
 //     PROT_NONE reservations and mapped pages become readable and writable
 //     at SetAccess, so the engine touching an unmapped page crashes a test.
 // Invariants: live segments never overlap; their total never exceeds the
@@ -63,7 +64,8 @@ class ControlledBackend final : public Backend {
   std::int64_t live_segments() const;
   std::int64_t live_events() const;
   std::int64_t live_pages() const;  // physical pages created, not released
-  std::int64_t mapped_pages() const;
+  std::size_t live_page_bytes() const;  // their bytes
+  std::int64_t mapped_pages() const;    // granules (vmm_page_size) mapped
   std::int64_t reserved_ranges() const;
 
   // --- Backend --------------------------------------------------------------
@@ -79,9 +81,9 @@ class ControlledBackend final : public Backend {
   absl::StatusOr<std::size_t> VirtualMemoryPageSize() override;
   absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) override;
   absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) override;
-  absl::StatusOr<PhysicalPage> CreatePhysicalPage() override;
+  absl::StatusOr<PhysicalPage> CreatePhysicalPage(std::size_t size) override;
   absl::Status ReleasePhysicalPage(PhysicalPage page) override;
-  absl::Status MapPage(std::uintptr_t address, PhysicalPage page) override;
+  absl::Status MapPage(std::uintptr_t address, PhysicalPage page, std::size_t size) override;
   absl::Status SetAccess(std::uintptr_t address, std::size_t size) override;
   absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) override;
 
@@ -89,6 +91,10 @@ class ControlledBackend final : public Backend {
   struct Mapping {
     PhysicalPage page = 0;
     bool accessible = false;
+  };
+  struct Created {
+    std::size_t size = 0;
+    std::uintptr_t mapped_at = 0;  // 0: mapped nowhere
   };
 
   // A fake address range of `size` bytes, or ResourceExhausted.
@@ -118,8 +124,9 @@ class ControlledBackend final : public Backend {
   absl::flat_hash_map<EventId, Event> events_ ABSL_GUARDED_BY(mutex_);
   EventId next_event_ ABSL_GUARDED_BY(mutex_) = 1;
   absl::flat_hash_map<std::uintptr_t, std::size_t> ranges_ ABSL_GUARDED_BY(mutex_);
-  // Pages created, each with the address it is mapped at (0: none).
-  absl::flat_hash_map<PhysicalPage, std::uintptr_t> pages_ ABSL_GUARDED_BY(mutex_);
+  // Pages created (each a multiple of the page size), with where each is mapped.
+  absl::flat_hash_map<PhysicalPage, Created> pages_ ABSL_GUARDED_BY(mutex_);
+  // By address, one entry per granule (vmm_page_size) of a mapped page.
   absl::flat_hash_map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mutex_);
   PhysicalPage next_page_ ABSL_GUARDED_BY(mutex_) = 1;
 };

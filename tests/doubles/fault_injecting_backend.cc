@@ -277,13 +277,13 @@ absl::Status FaultInjectingBackend::ReleaseAddressRange(std::uintptr_t address, 
   return inner_->ReleaseAddressRange(address, size);
 }
 
-absl::StatusOr<PhysicalPage> FaultInjectingBackend::CreatePhysicalPage() {
-  if (absl::Status injected =
-          Enter(BackendCall::kCreatePhysicalPage, [] { return std::string("one page"); });
+absl::StatusOr<PhysicalPage> FaultInjectingBackend::CreatePhysicalPage(std::size_t size) {
+  if (absl::Status injected = Enter(BackendCall::kCreatePhysicalPage,
+                                    [&] { return absl::StrFormat("one page of %d bytes", size); });
       !injected.ok()) {
     return injected;
   }
-  return inner_->CreatePhysicalPage();
+  return inner_->CreatePhysicalPage(size);
 }
 
 absl::Status FaultInjectingBackend::ReleasePhysicalPage(PhysicalPage page) {
@@ -295,13 +295,14 @@ absl::Status FaultInjectingBackend::ReleasePhysicalPage(PhysicalPage page) {
   return inner_->ReleasePhysicalPage(page);
 }
 
-absl::Status FaultInjectingBackend::MapPage(std::uintptr_t address, PhysicalPage page) {
+absl::Status FaultInjectingBackend::MapPage(std::uintptr_t address, PhysicalPage page,
+                                           std::size_t size) {
   if (absl::Status injected = Enter(
           BackendCall::kMapPage, [&] { return absl::StrFormat("page %d at %#x", page, address); });
       !injected.ok()) {
     return injected;
   }
-  return inner_->MapPage(address, page);
+  return inner_->MapPage(address, page, size);
 }
 
 absl::Status FaultInjectingBackend::SetAccess(std::uintptr_t address, std::size_t size) {

@@ -162,9 +162,9 @@ class FaultInjectingBackend final : public Backend {
   absl::StatusOr<std::size_t> VirtualMemoryPageSize() override;
   absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) override;
   absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) override;
-  absl::StatusOr<PhysicalPage> CreatePhysicalPage() override;
+  absl::StatusOr<PhysicalPage> CreatePhysicalPage(std::size_t size) override;
   absl::Status ReleasePhysicalPage(PhysicalPage page) override;
-  absl::Status MapPage(std::uintptr_t address, PhysicalPage page) override;
+  absl::Status MapPage(std::uintptr_t address, PhysicalPage page, std::size_t size) override;
   absl::Status SetAccess(std::uintptr_t address, std::size_t size) override;
   absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) override;
 

@@ -89,20 +89,19 @@ def test_a_lazy_import_inside_the_loop_is_recognized_too(tmp_path):
     assert "allocated while metriclib.text was imported" in result.stderr
 
 
-def test_classifying_a_report_without_module_held_blocks_does_not_walk_the_imported_modules(monkeypatch):
-    # The pytest plugin classifies every test's report: the pass over sys.modules (milliseconds)
-    # is for findings held by module-level state only.
+def test_a_report_without_module_held_blocks_never_maps_the_imported_modules(monkeypatch):
+    """The plugin asks after every test; a report whose findings no module state holds is
+    returned as it is, without listing every imported module's file."""
     from types import SimpleNamespace
 
     from torchmem.integrations import import_time
     from torchmem.leaks.kinds import REACHABLE
 
-    def walked():
-        raise AssertionError("sys.modules walked for a report with no module-held block")
+    def no_mapping():
+        raise AssertionError("mapped the imported modules for a report that cannot need it")
 
-    monkeypatch.setattr(import_time, "_module_names", walked)
+    monkeypatch.setattr(import_time, "_module_names", no_mapping)
     held_by_a_local = SimpleNamespace(kind=REACHABLE, owners=[SimpleNamespace(kind="local")], frames=[])
     report = SimpleNamespace(findings=[held_by_a_local])
-
     assert import_time.classify(report, None) is report
     assert import_time.classify(SimpleNamespace(findings=[]), None).findings == []

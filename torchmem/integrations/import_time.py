@@ -59,20 +59,24 @@ def importing_module(finding, main_file: str | None, names: dict[str, str]) -> s
     return None
 
 
+def _kept_by_module_state(finding) -> bool:
+    return finding.kind == REACHABLE and bool(finding.owners) and all(
+        owner.kind in _LASTING_HOLDERS for owner in finding.owners
+    )
+
+
 def classify(report, main_file: str | None):
     """``report`` with the import-time blocks kept by module globals reported as allowed."""
-    # Built only for a finding that could be import-time: the pass over sys.modules costs
-    # milliseconds, and the pytest plugin classifies every test's report.
-    names = None
+    if not any(_kept_by_module_state(finding) for finding in report.findings):
+        # The pytest plugin asks after every test; mapping every imported module's file
+        # costs tens of milliseconds in a large environment, so only a candidate pays it.
+        return report
+    names = _module_names()
     findings = []
     changed = False
     for finding in report.findings:
         module = None
-        if finding.kind == REACHABLE and finding.owners and all(
-            owner.kind in _LASTING_HOLDERS for owner in finding.owners
-        ):
-            if names is None:
-                names = _module_names()
+        if _kept_by_module_state(finding):
             module = importing_module(finding, main_file, names)
         if module is None:
             findings.append(finding)

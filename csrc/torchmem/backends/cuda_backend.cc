@@ -317,16 +317,16 @@ absl::Status CudaBackend::ReleaseAddressRange(std::uintptr_t address, std::size_
   return absl::OkStatus();
 }
 
-absl::StatusOr<PhysicalPage> CudaBackend::CreatePhysicalPage() {
+absl::StatusOr<PhysicalPage> CudaBackend::CreatePhysicalPage(std::size_t size) {
   absl::StatusOr<const CudaDriver*> driver = VmmDriver();
   if (!driver.ok()) return driver.status();
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
   const CUmemAllocationProp prop = PagePropertiesOf(device_, rdma_capable_pages_);
   CUmemGenericAllocationHandle handle = 0;
-  if (CUresult r = (*driver)->cuMemCreate(&handle, page_size_, &prop, 0); r != CUDA_SUCCESS) {
+  if (CUresult r = (*driver)->cuMemCreate(&handle, size, &prop, 0); r != CUDA_SUCCESS) {
     return DriverError(
-        r, absl::StrCat("cuMemCreate(", FormatBytes(static_cast<std::int64_t>(page_size_)), ")"));
+        r, absl::StrCat("cuMemCreate(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
   }
   return static_cast<PhysicalPage>(handle);
 }
@@ -364,12 +364,12 @@ absl::StatusOr<int> CudaBackend::ShareablePage(PhysicalPage page) {
   return fd;
 }
 
-absl::Status CudaBackend::MapPage(std::uintptr_t address, PhysicalPage page) {
+absl::Status CudaBackend::MapPage(std::uintptr_t address, PhysicalPage page, std::size_t size) {
   absl::StatusOr<const CudaDriver*> driver = VmmDriver();
   if (!driver.ok()) return driver.status();
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) return CudaError(guard.status(), "cudaSetDevice");
-  if (CUresult r = (*driver)->cuMemMap(AsDevicePtr(address), page_size_, 0,
+  if (CUresult r = (*driver)->cuMemMap(AsDevicePtr(address), size, 0,
                                        static_cast<CUmemGenericAllocationHandle>(page), 0);
       r != CUDA_SUCCESS) {
     return DriverError(r, absl::StrFormat("cuMemMap(%#x, handle %#x)", address, page));

@@ -25,8 +25,9 @@
 //     releases them during a capture.
 //   - Virtual memory (the engine's kVirtualMemory placement, PyTorch's
 //     expandable_segments): the driver's cuMem* calls (cuda_driver.h) on
-//     the backend's device. Pages are the device's minimum allocation
-//     granularity (2 MiB on current GPUs), pinned device memory with no
+//     the backend's device. Pages are multiples of the device's minimum
+//     allocation granularity (2 MiB on current GPUs) of the size the engine
+//     asks (20 MiB in the large pool), pinned device memory with no
 //     shareable handle (so VMM memory cannot be shared through CUDA IPC),
 //     read-write for this device and for the peers added with AddPeer
 //     (PyTorch's enablePeerAccess: a peer then reads and writes every page
@@ -73,9 +74,9 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::size_t> VirtualMemoryPageSize() override;
   absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t size) override;
   absl::Status ReleaseAddressRange(std::uintptr_t address, std::size_t size) override;
-  absl::StatusOr<PhysicalPage> CreatePhysicalPage() override;
+  absl::StatusOr<PhysicalPage> CreatePhysicalPage(std::size_t size) override;
   absl::Status ReleasePhysicalPage(PhysicalPage page) override;
-  absl::Status MapPage(std::uintptr_t address, PhysicalPage page) override;
+  absl::Status MapPage(std::uintptr_t address, PhysicalPage page, std::size_t size) override;
   absl::Status SetAccess(std::uintptr_t address, std::size_t size) override;
   absl::Status UnmapPages(std::uintptr_t address, std::size_t size, StreamId stream) override;
 

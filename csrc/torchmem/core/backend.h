@@ -19,8 +19,9 @@
 //     / cuMemMap / cuMemSetAccess / cuMemUnmap / cuMemRelease): a backend that
 //     has it returns its page size (cuMemGetAllocationGranularity) from
 //     VirtualMemoryPageSize, and the engine may then place blocks in address
-//     ranges it reserves once and map one physical page at a time where live
-//     blocks need it (see vmm_space.h). Physical pages count against the
+//     ranges it reserves once and map physical pages (each a multiple of that
+//     size: 2 MiB in the small pool, 20 MiB in the large one, as PyTorch's
+//     expandable segments) where live blocks need them (see vmm_space.h). Physical pages count against the
 //     device's capacity like segments; address ranges cost none.
 #ifndef TORCHMEM_CORE_BACKEND_H_
 #define TORCHMEM_CORE_BACKEND_H_
@@ -82,9 +83,10 @@ class Backend {
     (void)address, (void)size;
     return absl::UnimplementedError(NoVirtualMemory());
   }
-  // Creates one page of physical memory (ResourceExhausted if the device is
-  // full).
-  virtual absl::StatusOr<PhysicalPage> CreatePhysicalPage() {
+  // Creates one page of `size` bytes of physical memory (a multiple of the
+  // page size; ResourceExhausted if the device is full).
+  virtual absl::StatusOr<PhysicalPage> CreatePhysicalPage(std::size_t size) {
+    (void)size;
     return absl::UnimplementedError(NoVirtualMemory());
   }
   // Frees a page from CreatePhysicalPage that is mapped nowhere.
@@ -92,10 +94,11 @@ class Backend {
     (void)page;
     return absl::UnimplementedError(NoVirtualMemory());
   }
-  // Maps `page` at `address` (page-aligned, inside a reserved range, nothing
-  // mapped there yet). Not accessible until SetAccess covers it.
-  virtual absl::Status MapPage(std::uintptr_t address, PhysicalPage page) {
-    (void)address, (void)page;
+  // Maps `page`, of `size` bytes (as created), at `address` (page-aligned,
+  // inside a reserved range, nothing mapped there yet). Not accessible until
+  // SetAccess covers it.
+  virtual absl::Status MapPage(std::uintptr_t address, PhysicalPage page, std::size_t size) {
+    (void)address, (void)page, (void)size;
     return absl::UnimplementedError(NoVirtualMemory());
   }
   // Makes the mapped pages of [address, address + size) readable and

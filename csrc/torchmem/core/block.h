@@ -78,6 +78,11 @@ struct Segment {
   // memory (the pages that live blocks touch, and cached ones).
   bool vmm = false;
   std::int64_t mapped_pages = 0;
+  // The address space reserved for a range: [address, address + size)
+  // aligned to its pages inside it (a 20 MiB page needs more alignment than
+  // the backend gives); what goes back to the backend.
+  std::uintptr_t reservation = 0;
+  std::size_t reservation_size = 0;
 };
 
 // The streams other than its segment's that used a block (record_stream),

@@ -95,10 +95,12 @@ Engine::~Engine() {
   for (auto& [stream, queue] : pending_events_) {
     for (const PendingEvent& pending : queue) backend_->ReleaseEvent(pending.event);
   }
-  if (vmm_ != nullptr) vmm_->ReleaseEverything();
+  if (HasVmmSpaces()) {
+    for (const std::unique_ptr<VmmSpace>& space : vmm_) space->ReleaseEverything();
+  }
   for (auto& [address, segment] : segments_) {
     if (segment->vmm) {
-      (void)backend_->ReleaseAddressRange(address, segment->size);
+      (void)backend_->ReleaseAddressRange(segment->reservation, segment->reservation_size);
     } else {
       (void)BackendRelease(address, segment->size, segment->owner);
     }

@@ -429,12 +429,19 @@ class Engine {
   // garbage_collection_threshold for virtual memory: past threshold x limit,
   // unmaps and frees cached pages of the default pool down to it.
   void CollectCachedPages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The engine's VmmSpace, created on first use; an error if the backend
-  // has no virtual memory.
-  absl::StatusOr<VmmSpace*> Vmm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Creates the engine's VmmSpaces on first use (one per pool kind: their
+  // pages differ in size); an error if the backend has no virtual memory.
+  absl::Status CreateVmmSpaces() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool HasVmmSpaces() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return vmm_[0] != nullptr; }
+  // The space whose pages back the range (of its pool kind).
+  VmmSpace& SpaceOf(const Segment& range) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return *vmm_[static_cast<int>(range.pool)];
+  }
+  // Bytes mapped in every range.
+  std::int64_t MappedBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // range_bytes_ from the device's capacity now.
+  // range_bytes_ from the device's capacity now (a multiple of `page`).
   absl::Status SizeRanges(std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Bytes of `segment` that hold memory: its size, or a range's mapped pages.
   std::int64_t HeldBytes(const Segment& segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -563,7 +570,9 @@ class Engine {
   mutable Mutex mutex_;
   SizePolicy policy_ ABSL_GUARDED_BY(mutex_);
   Placement placement_ ABSL_GUARDED_BY(mutex_) = Placement::kPyTorch;
-  std::unique_ptr<VmmSpace> vmm_ ABSL_GUARDED_BY(mutex_);
+  // Indexed by PoolKind: the small pool's pages are the device's page
+  // (2 MiB), the large pool's policy_.vmm_large_page_size (20 MiB).
+  std::unique_ptr<VmmSpace> vmm_[kNumPools] ABSL_GUARDED_BY(mutex_);
   std::size_t range_bytes_ ABSL_GUARDED_BY(mutex_) = 0;  // address space per range
   std::int64_t reserved_address_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   std::int64_t peak_mapped_bytes_ ABSL_GUARDED_BY(mutex_) = 0;

@@ -62,7 +62,7 @@ absl::Status Engine::ReleaseFreeSegments(bool default_pool, const PrivatePool* o
     if (segment->vmm) {
       if (capturing) continue;
       // A range's cached pages go back even while live blocks remain.
-      absl::Status unmapped = vmm_->ReleaseCached(*segment);
+      absl::Status unmapped = SpaceOf(*segment).ReleaseCached(*segment);
       if (!unmapped.ok()) {
         if (first_error.ok()) {
           first_error = absl::Status(
@@ -94,10 +94,10 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
   absl::Status released;
   if (segment->vmm) {
     // A range goes once its pages did (its blocks are all free).
-    released = vmm_->ReleaseCached(*segment);
+    released = SpaceOf(*segment).ReleaseCached(*segment);
     if (released.ok()) {
-      ++vmm_->mutable_counters().address_releases;
-      released = backend_->ReleaseAddressRange(segment->address, segment->size);
+      ++SpaceOf(*segment).mutable_counters().address_releases;
+      released = backend_->ReleaseAddressRange(segment->reservation, segment->reservation_size);
     }
   } else {
     released = BackendRelease(segment->address, segment->size, segment->owner);
@@ -122,7 +122,7 @@ absl::Status Engine::ReleaseSegment(Segment* segment) {
   stats_.reserved_bytes.Decrease(kind, bytes);
   if (segment->counted_oversize) stats_.oversize_segments.Decrease(1);
   if (segment->vmm) {
-    vmm_->RemoveRange(segment);
+    SpaceOf(*segment).RemoveRange(segment);
     reserved_address_bytes_ -= static_cast<std::int64_t>(segment->size);
     segment->stream_lists->vmm_ranges[static_cast<int>(kind)] = nullptr;
   } else {

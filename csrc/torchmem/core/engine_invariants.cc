@@ -29,7 +29,8 @@ struct Recount {
   std::size_t free_blocks = 0;
   std::size_t pending_events = 0;
   // Virtual-memory ranges: live blocks per page, address space reserved.
-  absl::flat_hash_map<std::uint64_t, std::int32_t> page_references;
+  // Per pool kind (each has its own VmmSpace, its own page numbers).
+  absl::flat_hash_map<std::uint64_t, std::int32_t> page_references[kNumPools];
   std::int64_t reserved_address_bytes = 0;
 };
 
@@ -124,7 +125,7 @@ absl::Status Engine::CheckInvariants() const {
     }
     ++recount.lists_segments[segment.stream_lists];
     if (segment.vmm) {
-      if (vmm_ == nullptr || segment.stream_lists->vmm_ranges[static_cast<int>(pool)] != &segment) {
+      if (!HasVmmSpaces() || segment.stream_lists->vmm_ranges[static_cast<int>(pool)] != &segment) {
         return Violation(
             absl::StrFormat("range %#x is not the range of its stream's lists", address));
       }
@@ -158,9 +159,10 @@ absl::Status Engine::CheckInvariants() const {
       expected += block->size;
       const auto bytes = static_cast<std::int64_t>(block->size);
       if (segment.vmm && block->state != BlockState::kFree) {
-        for (std::uint64_t page = vmm_->PageOf(block->address);
-             page <= vmm_->PageOf(block->address + block->size - 1); ++page) {
-          ++recount.page_references[page];
+        const VmmSpace& space = SpaceOf(segment);
+        for (std::uint64_t page = space.PageOf(block->address);
+             page <= space.PageOf(block->address + block->size - 1); ++page) {
+          ++recount.page_references[static_cast<int>(segment.pool)][page];
         }
       }
       switch (block->state) {
@@ -393,9 +395,11 @@ absl::Status Engine::CheckInvariants() const {
     return Violation(absl::StrFormat("%d bytes of address space counted reserved, ranges hold %d",
                                      reserved_address_bytes_, recount.reserved_address_bytes));
   }
-  if (vmm_ != nullptr) {
-    if (std::string wrong = vmm_->Check(recount.page_references); !wrong.empty()) {
-      return Violation(wrong);
+  if (HasVmmSpaces()) {
+    for (int kind = 0; kind < kNumPools; ++kind) {
+      if (std::string wrong = vmm_[kind]->Check(recount.page_references[kind]); !wrong.empty()) {
+        return Violation(wrong);
+      }
     }
   }
 

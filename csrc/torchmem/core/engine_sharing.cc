@@ -14,7 +14,7 @@ absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> Engine::BaseAllocation(
     const Segment& segment = *std::prev(it)->second;
     if (address < segment.address + segment.size) {
       if (!segment.vmm) return std::make_pair(segment.address, segment.size);
-      return vmm_->MappedRun(segment, address);
+      return SpaceOf(segment).MappedRun(segment, address);
     }
   }
   return absl::NotFoundError(
@@ -35,13 +35,15 @@ absl::StatusOr<Engine::SharedPages> Engine::PagesOfBlock(const void* ptr) const 
         "torchmem: the block at %#x on %s is in a segment, not an address range", address,
         device_name_));
   }
+  // The pages of the block's pool kind (20 MiB in the large pool: not a
+  // power of two, so no masks).
+  const VmmSpace& space = SpaceOf(*block.segment);
   SharedPages shared;
-  shared.page_size = vmm_->page_size();
-  shared.first_page = address & ~(shared.page_size - 1);
-  const std::uintptr_t end = (block.address + block.size + shared.page_size - 1) &
-                             ~(shared.page_size - 1);
+  shared.page_size = space.page_size();
+  shared.first_page = space.AddressOf(space.PageOf(address));
+  const std::uintptr_t end = space.AddressOf(space.PageOf(block.address + block.size - 1) + 1);
   absl::StatusOr<std::vector<PhysicalPage>> handles =
-      vmm_->HandlesOf(shared.first_page, end - shared.first_page);
+      space.HandlesOf(shared.first_page, end - shared.first_page);
   if (!handles.ok()) return handles.status();
   shared.handles = *std::move(handles);
   return shared;

@@ -5,9 +5,13 @@
 // `vmm` set whose blocks tile it like any segment's, its free tail included.
 // Blocks are placed by page fit (page_fit.h) and always split to their
 // rounded size (sharing a page with a neighbour is where the memory comes
-// from); the pages a live block touches are mapped by the VmmSpace, which
-// creates new pages, stealing cached ones only under memory pressure. So reserved_bytes (the
-// mapped pages) follows what is live rather than what was once split.
+// from); the pages a live block touches are mapped by the VmmSpace of the
+// range's pool kind, which creates new pages, stealing cached ones only
+// under memory pressure. So reserved_bytes (the mapped pages) follows what is
+// live rather than what was once split. As PyTorch's expandable segments,
+// the small pool's pages are the device's page (2 MiB) and the large pool's
+// 20 MiB (policy_.vmm_large_page_size): a tenth of the cuMemCreate and
+// cuMemMap calls of 2 MiB pages for large blocks.
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -23,7 +27,7 @@ namespace torchmem {
 absl::Status Engine::SetPlacement(Placement placement) {
   MutexLock lock(&mutex_);
   if (placement == Placement::kVirtualMemory) {
-    if (absl::StatusOr<VmmSpace*> space = Vmm(); !space.ok()) return space.status();
+    if (absl::Status created = CreateVmmSpaces(); !created.ok()) return created;
   }
   placement_ = placement;
   return absl::OkStatus();
@@ -31,8 +35,11 @@ absl::Status Engine::SetPlacement(Placement placement) {
 
 absl::Status Engine::RefreshVirtualMemoryAccess() {
   MutexLock lock(&mutex_);
-  if (vmm_ == nullptr) return absl::OkStatus();
-  return vmm_->RegrantAccess();
+  if (!HasVmmSpaces()) return absl::OkStatus();
+  for (const std::unique_ptr<VmmSpace>& space : vmm_) {
+    if (absl::Status granted = space->RegrantAccess(); !granted.ok()) return granted;
+  }
+  return absl::OkStatus();
 }
 
 Placement Engine::placement() const {
@@ -40,8 +47,8 @@ Placement Engine::placement() const {
   return placement_;
 }
 
-absl::StatusOr<VmmSpace*> Engine::Vmm() {
-  if (vmm_ != nullptr) return vmm_.get();
+absl::Status Engine::CreateVmmSpaces() {
+  if (HasVmmSpaces()) return absl::OkStatus();
   absl::StatusOr<std::size_t> page = backend_->VirtualMemoryPageSize();
   if (!page.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -54,12 +61,24 @@ absl::StatusOr<VmmSpace*> Engine::Vmm() {
         "%d",
         device_name_, *page, policy_.min_block_size));
   }
-  if (absl::Status sized = SizeRanges(*page); !sized.ok()) return sized;
-  vmm_ = std::make_unique<VmmSpace>(
-      *backend_, *page,
-      [this](Segment& range, std::uintptr_t address, std::int64_t pages)
-          ABSL_NO_THREAD_SAFETY_ANALYSIS { OnPagesMapped(range, address, pages); });
-  return vmm_.get();
+  const std::size_t large_page =
+      std::max(*page, (policy_.vmm_large_page_size + *page - 1) / *page * *page);
+  if (absl::Status sized = SizeRanges(large_page); !sized.ok()) return sized;
+  auto listener = [this](Segment& range, std::uintptr_t address, std::int64_t pages)
+                      ABSL_NO_THREAD_SAFETY_ANALYSIS { OnPagesMapped(range, address, pages); };
+  vmm_[static_cast<int>(PoolKind::kSmall)] = std::make_unique<VmmSpace>(*backend_, *page, listener);
+  vmm_[static_cast<int>(PoolKind::kLarge)] =
+      std::make_unique<VmmSpace>(*backend_, large_page, listener);
+  return absl::OkStatus();
+}
+
+std::int64_t Engine::MappedBytes() const {
+  std::int64_t bytes = 0;
+  if (!HasVmmSpaces()) return bytes;
+  for (const std::unique_ptr<VmmSpace>& space : vmm_) {
+    bytes += space->mapped_pages() * static_cast<std::int64_t>(space->page_size());
+  }
+  return bytes;
 }
 
 absl::Status Engine::SizeRanges(std::size_t page) {
@@ -67,14 +86,14 @@ absl::Status Engine::SizeRanges(std::size_t page) {
   if (!capacity.ok()) return capacity.status();
   // Each range can hold the whole device and an eighth more, as PyTorch
   // sizes an expandable segment: address space costs no memory, and a range
-  // never fills up before the device does.
+  // never fills up before the device does. `page` is the largest page size.
   const std::size_t wanted = *capacity + *capacity / 8;
   range_bytes_ = std::max(page, (wanted + page - 1) / page * page);
   return absl::OkStatus();
 }
 
 void Engine::OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t pages) {
-  const std::int64_t bytes = pages * static_cast<std::int64_t>(vmm_->page_size());
+  const std::int64_t bytes = pages * static_cast<std::int64_t>(SpaceOf(range).page_size());
   auto apply = [&](StatArray& array) {
     if (bytes > 0) array.Increase(range.pool, bytes);
     if (bytes < 0) array.Decrease(range.pool, -bytes);
@@ -83,8 +102,7 @@ void Engine::OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t 
   if (range.owner != nullptr) {
     apply(stats_.reserved_bytes_by_private_pools[{range.owner->id.first, range.owner->id.second}]);
   }
-  peak_mapped_bytes_ = std::max(
-      peak_mapped_bytes_, vmm_->mapped_pages() * static_cast<std::int64_t>(vmm_->page_size()));
+  peak_mapped_bytes_ = std::max(peak_mapped_bytes_, MappedBytes());
   // As PyTorch traces its expandable segments' maps and unmaps: memory_viz
   // draws reserved memory from them, and NCCL's trace tracker
   // (ProcessGroupNCCL) registers mapped memory with its communicators.
@@ -97,35 +115,42 @@ void Engine::OnPagesMapped(Segment& range, std::uintptr_t address, std::int64_t 
 
 std::int64_t Engine::HeldBytes(const Segment& segment) const {
   if (!segment.vmm) return static_cast<std::int64_t>(segment.size);
-  return segment.mapped_pages * static_cast<std::int64_t>(vmm_->page_size());
+  return segment.mapped_pages * static_cast<std::int64_t>(SpaceOf(segment).page_size());
 }
 
 void Engine::FillVmmStats(MemoryStats& stats) const {
-  if (vmm_ == nullptr) return;
-  const auto page = static_cast<std::int64_t>(vmm_->page_size());
-  const VmmCounters& calls = vmm_->counters();
+  // The vmm.* keys only while virtual memory is in use: once expandable
+  // segments are off and their ranges released, the keys are PyTorch's again.
+  if (!HasVmmSpaces()) return;
+  if (placement_ != Placement::kVirtualMemory && reserved_address_bytes_ == 0) return;
   MemoryStats::Vmm& out = stats.vmm;
-  out.page_size = page;
+  out.page_size = static_cast<std::int64_t>(vmm_[static_cast<int>(PoolKind::kSmall)]->page_size());
+  out.large_page_size =
+      static_cast<std::int64_t>(vmm_[static_cast<int>(PoolKind::kLarge)]->page_size());
   out.reserved_address_bytes = reserved_address_bytes_;
-  out.mapped_bytes = vmm_->mapped_pages() * page;
-  out.touched_bytes = vmm_->touched_pages() * page;
-  out.cached_bytes = out.mapped_bytes - out.touched_bytes;
+  out.mapped_bytes = MappedBytes();
   out.peak_mapped_bytes = peak_mapped_bytes_;
-  out.reserves = calls.reserves;
-  out.address_releases = calls.address_releases;
-  out.creates = calls.creates;
-  out.releases = calls.releases;
-  out.maps = calls.maps;
-  out.set_access = calls.set_access;
-  out.unmaps = calls.unmaps;
-  out.steals = calls.steals;
-  out.lost_pages = calls.lost_pages;
+  for (const std::unique_ptr<VmmSpace>& space : vmm_) {
+    const auto page = static_cast<std::int64_t>(space->page_size());
+    const VmmCounters& calls = space->counters();
+    out.touched_bytes += space->touched_pages() * page;
+    out.reserves += calls.reserves;
+    out.address_releases += calls.address_releases;
+    out.creates += calls.creates;
+    out.releases += calls.releases;
+    out.maps += calls.maps;
+    out.set_access += calls.set_access;
+    out.unmaps += calls.unmaps;
+    out.steals += calls.steals;
+    out.lost_pages += calls.lost_pages;
+  }
+  out.cached_bytes = out.mapped_bytes - out.touched_bytes;
 }
 
 absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
                                               PrivatePool* owner, ContextId context) {
-  absl::StatusOr<VmmSpace*> space = Vmm();
-  if (!space.ok()) return space.status();
+  if (absl::Status created = CreateVmmSpaces(); !created.ok()) return created;
+  VmmSpace& space = *vmm_[static_cast<int>(pool)];
   if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(lists.stream);
       !allowed.ok()) {
     return allowed;
@@ -133,24 +158,34 @@ absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
   // Sized by the device's capacity now (a device whose capacity changed,
   // as a simulated one can, gets ranges that fit it from then on); if the
   // device cannot say, the last size serves.
-  (void)SizeRanges((*space)->page_size());
-  ++(*space)->mutable_counters().reserves;
-  absl::StatusOr<std::uintptr_t> address = backend_->ReserveAddressRange(range_bytes_);
+  (void)SizeRanges(vmm_[static_cast<int>(PoolKind::kLarge)]->page_size());
+  // Pages are numbered from address 0 (VmmSpace::PageOf), so a range must
+  // start at a multiple of its page size; the backend aligns to its own page
+  // only, and a 20 MiB page is not a power of two. A range of larger pages
+  // is reserved that much larger, and its aligned part used.
+  const std::size_t granule = vmm_[static_cast<int>(PoolKind::kSmall)]->page_size();
+  const std::size_t page = space.page_size();
+  const std::size_t reservation_size = range_bytes_ + (page - granule);
+  ++space.mutable_counters().reserves;
+  absl::StatusOr<std::uintptr_t> address = backend_->ReserveAddressRange(reservation_size);
   if (!address.ok()) {
     return absl::Status(address.status().code(),
                         absl::StrFormat("torchmem: could not reserve %s of address space on %s: %s",
-                                        FormatBytes(static_cast<std::int64_t>(range_bytes_)),
+                                        FormatBytes(static_cast<std::int64_t>(reservation_size)),
                                         device_name_, address.status().message()));
   }
-  if (*address % (*space)->page_size() != 0) {
-    (void)backend_->ReleaseAddressRange(*address, range_bytes_);
+  if (*address % granule != 0) {
+    (void)backend_->ReleaseAddressRange(*address, reservation_size);
     return absl::InternalError(absl::StrFormat(
         "backend %s reserved an address range at %#x, not aligned to its %d-byte pages",
-        device_name_, *address, (*space)->page_size()));
+        device_name_, *address, granule));
   }
+  const std::uintptr_t base = (*address + page - 1) / page * page;
   auto segment = std::make_unique<Segment>();
-  segment->address = *address;
+  segment->address = base;
   segment->size = range_bytes_;
+  segment->reservation = *address;
+  segment->reservation_size = reservation_size;
   segment->pool = pool;
   segment->stream = lists.stream;
   segment->lists = &lists.vmm_pools[static_cast<int>(pool)];
@@ -162,7 +197,7 @@ absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
   ++lists.segments;
   lists.vmm_ranges[static_cast<int>(pool)] = segment.get();
   Block* block = NewBlock();
-  block->address = *address;
+  block->address = base;
   block->size = range_bytes_;
   block->segment = segment.get();
   segment->first = block;
@@ -171,7 +206,7 @@ absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
   stats_.segment.Increase(pool, 1);
   if (owner != nullptr) ++owner->segments;
   reserved_address_bytes_ += static_cast<std::int64_t>(range_bytes_);
-  (*space)->AddRange(segment.get());
+  space.AddRange(segment.get());
   Segment* range = segment.get();
   segments_.emplace(range->address, std::move(segment));
   return range;
@@ -199,11 +234,12 @@ absl::Status Engine::AcquirePages(Block* block) {
   // fails here, before the table grows by millions of entries. Only huge
   // blocks pay for asking the device.
   constexpr std::int64_t kPagesWorthACapacityCheck = std::int64_t{1} << 15;
-  const auto page = static_cast<std::int64_t>(vmm_->page_size());
+  VmmSpace& space = SpaceOf(*block->segment);
+  const auto page = static_cast<std::int64_t>(space.page_size());
   const std::uint64_t spanned =
-      vmm_->PageOf(block->address + block->size - 1) - vmm_->PageOf(block->address) + 1;
+      space.PageOf(block->address + block->size - 1) - space.PageOf(block->address) + 1;
   if (ABSL_PREDICT_FALSE(spanned >= static_cast<std::uint64_t>(kPagesWorthACapacityCheck))) {
-    const std::int64_t untouched = vmm_->UntouchedPages(block->address, block->size);
+    const std::int64_t untouched = space.UntouchedPages(block->address, block->size);
     absl::StatusOr<std::size_t> capacity = backend_->Capacity();
     if (capacity.ok() && untouched > static_cast<std::int64_t>(*capacity) / page) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -219,9 +255,9 @@ absl::Status Engine::AcquirePages(Block* block) {
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
     const std::size_t room = memory_limit_ > reserved ? memory_limit_ - reserved : 0;
     limits.creatable_pages = static_cast<std::int64_t>(
-        std::min<std::size_t>(room / vmm_->page_size(), std::numeric_limits<std::int64_t>::max()));
+        std::min<std::size_t>(room / space.page_size(), std::numeric_limits<std::int64_t>::max()));
   }
-  return vmm_->Acquire(*block->segment, block->address, block->size, limits);
+  return space.Acquire(*block->segment, block->address, block->size, limits);
 }
 
 void Engine::CollectCachedPages() {
@@ -234,15 +270,19 @@ void Engine::CollectCachedPages() {
   // In doubles: threshold x limit may exceed any integer type (a limit of
   // SIZE_MAX), and then nothing is over it.
   const double threshold = gc_threshold_ * static_cast<double>(memory_limit_);
-  const std::int64_t reserved = stats_.reserved_bytes.all().current;
-  if (static_cast<double>(reserved) <= threshold) return;
-  const auto excess = static_cast<std::int64_t>(static_cast<double>(reserved) - threshold);
-  const auto page = static_cast<std::int64_t>(vmm_->page_size());
-  (void)vmm_->ReleaseStealable((excess + page - 1) / page);
+  // The large pool's pages first: fewer calls for the same bytes.
+  for (PoolKind kind : {PoolKind::kLarge, PoolKind::kSmall}) {
+    const std::int64_t reserved = stats_.reserved_bytes.all().current;
+    if (static_cast<double>(reserved) <= threshold) return;
+    const auto excess = static_cast<std::int64_t>(static_cast<double>(reserved) - threshold);
+    VmmSpace& space = *vmm_[static_cast<int>(kind)];
+    const auto page = static_cast<std::int64_t>(space.page_size());
+    (void)space.ReleaseStealable((excess + page - 1) / page);
+  }
 }
 
 void Engine::ReleasePages(Block* block) {
-  vmm_->Release(*block->segment, block->address, block->size);
+  SpaceOf(*block->segment).Release(*block->segment, block->address, block->size);
 }
 
 absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind pool,
@@ -260,7 +300,7 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
       if (!reserved.ok()) return reserved.status();
       range = *reserved;
     }
-    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, *vmm_);
+    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, SpaceOf(*range));
     if (choice.block == nullptr) {
       // The ladder may release the range (if all of it is free) and reserve
       // one sized by the device's capacity now.
@@ -327,10 +367,12 @@ Block* Engine::LendFromUseOnOomPools(std::size_t rounded, PoolKind kind, StreamI
     if (lists == pool->streams.end()) continue;
     Segment* range = lists->second->vmm_ranges[static_cast<int>(kind)];
     if (range == nullptr) continue;
-    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, *vmm_);
+    const PageFitChoice choice = ChoosePageFit(*range->lists, rounded, SpaceOf(*range));
     if (choice.block == nullptr) continue;
     Block* block = CarveBlock(choice.block, choice.address, rounded);
-    if (vmm_->Acquire(*range, block->address, block->size, held_pages_only).ok()) return block;
+    if (SpaceOf(*range).Acquire(*range, block->address, block->size, held_pages_only).ok()) {
+      return block;
+    }
     InsertMerged(block);
     ApplyInactiveSplitChange(kind);
   }

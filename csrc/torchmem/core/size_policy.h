@@ -61,6 +61,12 @@ struct SizePolicy {
   std::size_t large_rounding = 2 * kMiB;           // rounding of dedicated large segments
   std::size_t max_split_size = kNoMaxSplit;        // oversize threshold; kNoMaxSplit: none
   std::size_t max_non_split_rounding = 20 * kMiB;  // how much bigger an oversize block may be
+  // Physical page (handle) size of the large pool's virtual-memory ranges,
+  // rounded up to the device's page: PyTorch's expandable segments map
+  // kLargeBuffer handles in the large pool (the small pool maps the device's
+  // page). Larger pages cost fewer cuMemCreate/cuMemMap calls and coarser
+  // mappings. Read when the engine first uses virtual memory.
+  std::size_t vmm_large_page_size = 20 * kMiB;
   std::array<std::size_t, kRoundupIntervals> roundup_power2_divisions{};
 
   // The policy of PyTorch's native caching allocator (the default).

@@ -16,7 +16,7 @@ namespace torchmem {
 VmmSpace::VmmSpace(Backend& backend, std::size_t page_size, MappedListener listener)
     : backend_(backend),
       page_size_(page_size),
-      page_shift_(std::countr_zero(page_size)),
+      page_shift_(std::has_single_bit(page_size) ? std::countr_zero(page_size) : -1),
       listener_(std::move(listener)) {}
 
 VmmSpace::PageTable::Chunk& VmmSpace::PageTable::ChunkFor(std::uint64_t id) {
@@ -76,7 +76,7 @@ void VmmSpace::AddRange(Segment* range) { ranges_.emplace(range->address, range)
 void VmmSpace::RemoveRange(Segment* range) { ranges_.erase(range->address); }
 
 Segment* VmmSpace::RangeOf(std::uint64_t index) const {
-  const std::uintptr_t address = index << page_shift_;
+  const std::uintptr_t address = AddressOf(index);
   auto it = ranges_.upper_bound(address);
   if (it == ranges_.begin()) return nullptr;
   Segment* range = std::prev(it)->second;
@@ -178,7 +178,7 @@ absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t 
     absl::StatusOr<PhysicalPage> handle = ObtainHandle(limits, created);
     if (!handle.ok()) return handle.status();
     ++counters_.maps;
-    if (absl::Status mapped = backend_.MapPage(index << page_shift_, *handle); !mapped.ok()) {
+    if (absl::Status mapped = backend_.MapPage(AddressOf(index), *handle, page_size_); !mapped.ok()) {
       FreeHandle(*handle);
       return mapped;
     }
@@ -187,7 +187,7 @@ absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t 
     page.handle = *handle;
     ++mapped_pages_;
     ++range.mapped_pages;
-    listener_(range, index << page_shift_, 1);
+    listener_(range, AddressOf(index), 1);
     mapped.push_back(index);
   }
   return GiveAccess(first, count);
@@ -219,7 +219,7 @@ absl::Status VmmSpace::RegrantAccess() {
 absl::Status VmmSpace::GiveAccess(std::uint64_t first, std::int64_t count) {
   ++counters_.set_access;
   absl::Status access =
-      backend_.SetAccess(first << page_shift_, static_cast<std::size_t>(count) << page_shift_);
+      backend_.SetAccess(AddressOf(first), static_cast<std::size_t>(count) * page_size_);
   if (!access.ok()) return access;
   for (std::int64_t i = 0; i < count; ++i) {
     pages_[first + static_cast<std::uint64_t>(i)].accessible = true;
@@ -237,7 +237,7 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
   absl::Status create_error;
   if (limits.creatable_pages < 0 || *created < limits.creatable_pages) {
     ++counters_.creates;
-    absl::StatusOr<PhysicalPage> handle = backend_.CreatePhysicalPage();
+    absl::StatusOr<PhysicalPage> handle = backend_.CreatePhysicalPage(page_size_);
     if (handle.ok()) {
       ++*created;
       return handle;
@@ -285,7 +285,7 @@ absl::StatusOr<PhysicalPage> VmmSpace::UnmapPage(std::uint64_t index) {
   const PhysicalPage handle = pages_.Find(index)->handle;
   Segment* range = RangeOf(index);
   ++counters_.unmaps;
-  if (absl::Status unmapped = backend_.UnmapPages(index << page_shift_, page_size_, range->stream);
+  if (absl::Status unmapped = backend_.UnmapPages(AddressOf(index), page_size_, range->stream);
       !unmapped.ok()) {
     return unmapped;
   }
@@ -293,7 +293,7 @@ absl::StatusOr<PhysicalPage> VmmSpace::UnmapPage(std::uint64_t index) {
   stealable_.erase(index);
   --mapped_pages_;
   --range->mapped_pages;
-  listener_(*range, index << page_shift_, -1);
+  listener_(*range, AddressOf(index), -1);
   return handle;
 }
 
@@ -341,8 +341,8 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
     std::size_t end = begin + 1;
     while (end < cached.size() && cached[end] == cached[end - 1] + 1) ++end;
     ++counters_.unmaps;
-    absl::Status unmapped = backend_.UnmapPages(cached[begin] << page_shift_,
-                                                (end - begin) << page_shift_, range.stream);
+    absl::Status unmapped = backend_.UnmapPages(AddressOf(cached[begin]),
+                                                (end - begin) * page_size_, range.stream);
     if (!unmapped.ok()) return unmapped;
     for (std::size_t i = begin; i < end; ++i) {
       FreeHandle(pages_.Find(cached[i])->handle);
@@ -351,7 +351,7 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
       --mapped_pages_;
       --range.mapped_pages;
     }
-    listener_(range, cached[begin] << page_shift_,
+    listener_(range, AddressOf(cached[begin]),
               -static_cast<std::int64_t>(end - begin));
     begin = end;
   }
@@ -375,7 +375,7 @@ void VmmSpace::ReleaseEverything() {
   pages_.ForEach([&](std::uint64_t index, const Page& page) {
     if (!page.mapped) return;
     Segment* range = RangeOf(index);
-    if (backend_.UnmapPages(index << page_shift_, page_size_, range->stream).ok()) {
+    if (backend_.UnmapPages(AddressOf(index), page_size_, range->stream).ok()) {
       (void)backend_.ReleasePhysicalPage(page.handle);
     }
     --range->mapped_pages;
@@ -391,7 +391,7 @@ std::string VmmSpace::Check(
     const Page* page = pages_.Find(index);
     if (page == nullptr || !page->mapped || !page->accessible) {
       return absl::StrFormat("page %#x is touched by %d live blocks but not mapped and accessible",
-                             index << page_shift_, count);
+                             AddressOf(index), count);
     }
   }
   absl::flat_hash_map<const Segment*, std::int64_t> per_range;
@@ -401,7 +401,7 @@ std::string VmmSpace::Check(
   held.reserve(static_cast<std::size_t>(pages_.size()));
   pages_.ForEach([&](std::uint64_t index, const Page& page) { held.emplace_back(index, page); });
   for (const auto& [index, page] : held) {
-    const std::uintptr_t address = index << page_shift_;
+    const std::uintptr_t address = AddressOf(index);
     auto expected = references.find(index);
     const std::int32_t count = expected == references.end() ? 0 : expected->second;
     if (page.references != count) {

@@ -3,8 +3,12 @@
 //
 // With a backend that has the driver's virtual memory API, the engine
 // reserves one address range per (pool, stream, small/large) once and places
-// blocks in it (page_fit.h); this class decides which 2 MiB pages of those
-// ranges hold physical memory and makes the backend calls:
+// blocks in it (page_fit.h); a VmmSpace decides which pages of its ranges
+// hold physical memory and makes the backend calls. Its pages all have one
+// size, a multiple of the backend's page: the engine has a space per pool
+// kind (2 MiB pages in the small pool, 20 MiB in the large one, PyTorch's
+// expandable segments' handle sizes), and a page is one physical handle,
+// created, mapped and unmapped whole:
 //   - a page is "touched" while a live block (allocated or pending) overlaps
 //     it; a touched page is always mapped;
 //   - when a block is handed out, its untouched pages that are not mapped get
@@ -162,7 +166,14 @@ class VmmSpace {
   // overlapping it, recounted by the engine); an empty string if they hold.
   std::string Check(const absl::flat_hash_map<std::uint64_t, std::int32_t>& references) const;
 
-  std::uint64_t PageOf(std::uintptr_t address) const { return address >> page_shift_; }
+  // Pages are numbered from address 0, so a range's first page starts at its
+  // base only if the base is a multiple of the page size (the engine aligns
+  // ranges so). A shift where the page size is a power of two (the small
+  // pool's 2 MiB), a division otherwise (the large pool's 20 MiB).
+  std::uint64_t PageOf(std::uintptr_t address) const {
+    return page_shift_ >= 0 ? address >> page_shift_ : address / page_size_;
+  }
+  std::uintptr_t AddressOf(std::uint64_t index) const { return index * page_size_; }
 
  private:
   struct Page {
@@ -269,7 +280,7 @@ class VmmSpace {
 
   Backend& backend_;
   const std::size_t page_size_;
-  const int page_shift_;
+  const int page_shift_;  // log2(page_size_), or -1 if it is not a power of two
   const MappedListener listener_;
   absl::btree_map<std::uintptr_t, Segment*> ranges_;  // by base address
   // Mapped pages by index (address / page size).

@@ -23,8 +23,7 @@ absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> VmmSpace::MappedRun(
   while (first > range_first && mapped(first - 1)) --first;
   std::uint64_t last = at;
   while (last < range_last && mapped(last + 1)) ++last;
-  return std::make_pair(static_cast<std::uintptr_t>(first << page_shift_),
-                        static_cast<std::size_t>((last - first + 1) << page_shift_));
+  return std::make_pair(AddressOf(first), static_cast<std::size_t>(last - first + 1) * page_size_);
 }
 
 absl::StatusOr<std::vector<PhysicalPage>> VmmSpace::HandlesOf(std::uintptr_t start,
@@ -34,7 +33,7 @@ absl::StatusOr<std::vector<PhysicalPage>> VmmSpace::HandlesOf(std::uintptr_t sta
     const Page* page = pages_.Find(index);
     if (page == nullptr || !page->mapped) {
       return absl::NotFoundError(absl::StrFormat(
-          "torchmem: the page at %#x is not mapped", static_cast<std::uintptr_t>(index << page_shift_)));
+          "torchmem: the page at %#x is not mapped", AddressOf(index)));
     }
     handles.push_back(page->handle);
   }

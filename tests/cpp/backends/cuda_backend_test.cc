@@ -233,12 +233,12 @@ TEST_F(CudaBackendTest, VirtualMemoryPagesAreDeviceMemoryMappedIntoAReservedRang
   ASSERT_TRUE(range.ok()) << range.status();
   EXPECT_EQ(*range % *page, 0u);
   EXPECT_EQ(sim().live_bytes(1), before) << "address space costs no memory";
-  absl::StatusOr<PhysicalPage> first = backend.CreatePhysicalPage();
-  absl::StatusOr<PhysicalPage> second = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> first = backend.CreatePhysicalPage(2 * kMiB);
+  absl::StatusOr<PhysicalPage> second = backend.CreatePhysicalPage(2 * kMiB);
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(sim().live_bytes(1), before + 4 * kMiB);
-  ASSERT_TRUE(backend.MapPage(*range + 2 * kMiB, *first).ok());
-  ASSERT_TRUE(backend.MapPage(*range + 4 * kMiB, *second).ok());
+  ASSERT_TRUE(backend.MapPage(*range + 2 * kMiB, *first, 2 * kMiB).ok());
+  ASSERT_TRUE(backend.MapPage(*range + 4 * kMiB, *second, 2 * kMiB).ok());
   ASSERT_TRUE(backend.SetAccess(*range + 2 * kMiB, 4 * kMiB).ok());
   // A copy across the boundary of the two pages lands in both.
   std::vector<unsigned char> out(kMiB, 0x5a);
@@ -270,9 +270,9 @@ TEST_F(CudaBackendTest, APhysicalPageBeyondTheDeviceIsResourceExhausted) {
   ASSERT_EQ(sim().set_memory_capacity(0, 2 * kMiB), 0);
   CudaBackend backend(0);
   ASSERT_TRUE(backend.VirtualMemoryPageSize().ok());
-  absl::StatusOr<PhysicalPage> fits = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> fits = backend.CreatePhysicalPage(2 * kMiB);
   ASSERT_TRUE(fits.ok()) << fits.status();
-  absl::StatusOr<PhysicalPage> beyond = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> beyond = backend.CreatePhysicalPage(2 * kMiB);
   EXPECT_TRUE(absl::IsResourceExhausted(beyond.status())) << beyond.status();
   EXPECT_TRUE(absl::StrContains(beyond.status().message(), "cuMemCreate")) << beyond.status();
   EXPECT_TRUE(absl::StrContains(beyond.status().message(), "CUDA_ERROR_OUT_OF_MEMORY"))
@@ -284,7 +284,7 @@ TEST_F(CudaBackendTest, APageIsSharedAsOneFileDescriptorClosedWithThePage) {
   CudaBackend backend(0);
   absl::StatusOr<std::size_t> page_size = backend.VirtualMemoryPageSize();
   ASSERT_TRUE(page_size.ok()) << page_size.status();
-  absl::StatusOr<PhysicalPage> page = backend.CreatePhysicalPage();
+  absl::StatusOr<PhysicalPage> page = backend.CreatePhysicalPage(*page_size);
   ASSERT_TRUE(page.ok()) << page.status();
   // The driver exports only pages created with a shareable handle type.
   absl::StatusOr<int> fd = backend.ShareablePage(*page);
@@ -299,11 +299,16 @@ TEST_F(CudaBackendTest, EngineWithVirtualMemoryMapsOnlyThePagesLiveBlocksTouch) 
   Engine engine(std::make_unique<CudaBackend>(0));
   ASSERT_TRUE(engine.SetPlacement(Placement::kVirtualMemory).ok());
   const unsigned long long before = sim().live_bytes(0);
-  absl::StatusOr<void*> a = engine.Allocate(3 * kMiB);  // pages 0-1
-  absl::StatusOr<void*> b = engine.Allocate(3 * kMiB);  // shares page 1, maps page 2
+  const unsigned long long creates = sim().call_count("cuMemCreate");
+  // The large pool maps 20 MiB pages (PyTorch's kLargeBuffer): both blocks
+  // lie in the first, one cuMemCreate of 20 MiB.
+  absl::StatusOr<void*> a = engine.Allocate(3 * kMiB);
+  absl::StatusOr<void*> b = engine.Allocate(3 * kMiB);
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(engine.GetStats().reserved_bytes.all().current, 6 * static_cast<std::int64_t>(kMiB));
-  EXPECT_EQ(sim().live_bytes(0), before + 6 * kMiB);
+  EXPECT_EQ(engine.GetStats().reserved_bytes.all().current, 20 * static_cast<std::int64_t>(kMiB));
+  EXPECT_EQ(sim().live_bytes(0), before + 20 * kMiB);
+  EXPECT_EQ(sim().call_count("cuMemCreate"), creates + 1);
+  EXPECT_EQ(engine.GetStats().vmm.large_page_size, 20 * static_cast<std::int64_t>(kMiB));
   std::vector<unsigned char> out(6 * kMiB);
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<unsigned char>(i * 7);
   std::vector<unsigned char> back(6 * kMiB, 0);

@@ -124,14 +124,14 @@ class FaultInjectingBackendTest : public ::testing::Test {
         return !released.ok();
       }
       case BackendCall::kCreatePhysicalPage: {
-        absl::StatusOr<PhysicalPage> page = backend_->CreatePhysicalPage();
+        absl::StatusOr<PhysicalPage> page = backend_->CreatePhysicalPage(kRange);
         if (page.ok()) {
           EXPECT_TRUE(inner_->ReleasePhysicalPage(*page).ok());
         }
         return !page.ok();
       }
       case BackendCall::kReleasePhysicalPage: {
-        const PhysicalPage page = *inner_->CreatePhysicalPage();
+        const PhysicalPage page = *inner_->CreatePhysicalPage(kRange);
         const absl::Status released = backend_->ReleasePhysicalPage(page);
         if (!released.ok()) {
           EXPECT_TRUE(inner_->ReleasePhysicalPage(page).ok());
@@ -142,12 +142,12 @@ class FaultInjectingBackendTest : public ::testing::Test {
       case BackendCall::kSetAccess:
       case BackendCall::kUnmapPages: {
         const std::uintptr_t range = *inner_->ReserveAddressRange(kRange);
-        const PhysicalPage page = *inner_->CreatePhysicalPage();
+        const PhysicalPage page = *inner_->CreatePhysicalPage(kRange);
         absl::Status status;
         if (call == BackendCall::kMapPage) {
-          status = backend_->MapPage(range, page);
+          status = backend_->MapPage(range, page, kRange);
         } else {
-          EXPECT_TRUE(inner_->MapPage(range, page).ok());
+          EXPECT_TRUE(inner_->MapPage(range, page, kRange).ok());
           status = call == BackendCall::kSetAccess
                        ? backend_->SetAccess(range, kRange)
                        : backend_->UnmapPages(range, kRange, /*stream=*/3);

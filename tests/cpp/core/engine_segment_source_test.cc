@@ -46,9 +46,11 @@ ControlledBackendOptions RealMemory() {
   return options;
 }
 
+// 2 MiB pages in both pools, so that the tests count pages of a block easily.
 EngineOptions VirtualMemory() {
   EngineOptions options;
   options.placement = Placement::kVirtualMemory;
+  options.policy.vmm_large_page_size = kPage;
   return options;
 }
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -16,6 +18,8 @@ namespace torchmem::testing {
 namespace {
 
 constexpr std::size_t kPage = 2 * kMiB;
+// The large pool's pages by default (PyTorch's kLargeBuffer).
+constexpr std::size_t kLargePage = 20 * kMiB;
 constexpr std::size_t kCapacity = 256 * kMiB;
 
 ControlledBackendOptions RealMemory() {
@@ -25,15 +29,19 @@ ControlledBackendOptions RealMemory() {
   return options;
 }
 
-EngineOptions VirtualMemory() {
+// Most tests count pages: with `large_page` kPage both pools map 2 MiB
+// pages, and a block's pages are easy to tell.
+EngineOptions VirtualMemory(std::size_t large_page) {
   EngineOptions options;
   options.placement = Placement::kVirtualMemory;
+  options.policy.vmm_large_page_size = large_page;
   return options;
 }
 
 class EngineVmmTest : public EngineTest {
  protected:
-  EngineVmmTest() : EngineTest(RealMemory(), VirtualMemory()) {}
+  explicit EngineVmmTest(std::size_t large_page = kPage)
+      : EngineTest(RealMemory(), VirtualMemory(large_page)) {}
 
   // Allocates and writes every byte (a fault if a page is not mapped).
   void* Touch(std::size_t size, StreamId stream = 0) {
@@ -399,7 +407,13 @@ TEST(EngineVmmPlacementTest, ABackendWithoutVirtualMemorySaysSo) {
 // frees in random order, EmptyCache now and then) with the invariants
 // checked after every operation: pages mapped exactly where live blocks
 // are, stats equal to a recount, mapped vs address-space bytes included.
-TEST_F(EngineVmmTest, InvariantsHoldAfterEveryOperationOfARandomWorkload) {
+class EngineVmmPageSizeTest : public EngineVmmTest,
+                              public ::testing::WithParamInterface<std::size_t> {
+ protected:
+  EngineVmmPageSizeTest() : EngineVmmTest(GetParam()) {}
+};
+
+TEST_P(EngineVmmPageSizeTest, InvariantsHoldAfterEveryOperationOfARandomWorkload) {
   // Under a limit, so that cached pages are stolen too (only memory
   // pressure moves them).
   engine_->SetMemoryLimit(48 * kPage);
@@ -430,15 +444,24 @@ TEST_F(EngineVmmTest, InvariantsHoldAfterEveryOperationOfARandomWorkload) {
   for (void* ptr : live) Release(ptr);
 }
 
+INSTANTIATE_TEST_SUITE_P(LargePoolPages, EngineVmmPageSizeTest, ::testing::Values(kPage, kLargePage),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           return std::to_string(info.param >> 20) + "MiB";
+                         });
+
 // Each virtual-memory call failing, once and then repeatedly, during a
 // workload: a failed allocation says so (an injected failure or out of
 // memory), leaves nothing allocated, and the pool stays intact; once the
 // faults stop every page and range can be given back.
-class EngineVmmFaultTest : public EngineVmmTest,
-                           public ::testing::WithParamInterface<BackendCall> {};
+class EngineVmmFaultTest
+    : public EngineVmmTest,
+      public ::testing::WithParamInterface<std::tuple<BackendCall, std::size_t>> {
+ protected:
+  EngineVmmFaultTest() : EngineVmmTest(std::get<1>(GetParam())) {}
+};
 
 TEST_P(EngineVmmFaultTest, AFailingCallLeavesTheEngineConsistent) {
-  const BackendCall call = GetParam();
+  const BackendCall call = std::get<0>(GetParam());
   std::mt19937_64 rng(static_cast<std::uint64_t>(call));
   std::vector<void*> live;
   std::int64_t failed_allocations = 0;
@@ -484,15 +507,89 @@ TEST_P(EngineVmmFaultTest, AFailingCallLeavesTheEngineConsistent) {
 
 // VirtualMemoryPageSize is asked once, when the placement is chosen (see
 // ABackendWithoutVirtualMemorySaysSo for its failure).
-INSTANTIATE_TEST_SUITE_P(VirtualMemoryCalls, EngineVmmFaultTest,
-                         ::testing::Values(BackendCall::kReserveAddressRange,
-                                           BackendCall::kReleaseAddressRange,
-                                           BackendCall::kCreatePhysicalPage,
-                                           BackendCall::kReleasePhysicalPage, BackendCall::kMapPage,
-                                           BackendCall::kSetAccess, BackendCall::kUnmapPages),
-                         [](const ::testing::TestParamInfo<BackendCall>& info) {
-                           return std::string(BackendCallName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    VirtualMemoryCalls, EngineVmmFaultTest,
+    ::testing::Combine(::testing::Values(BackendCall::kReserveAddressRange,
+                                         BackendCall::kReleaseAddressRange,
+                                         BackendCall::kCreatePhysicalPage,
+                                         BackendCall::kReleasePhysicalPage, BackendCall::kMapPage,
+                                         BackendCall::kSetAccess, BackendCall::kUnmapPages),
+                       ::testing::Values(kPage, kLargePage)),
+    [](const ::testing::TestParamInfo<std::tuple<BackendCall, std::size_t>>& info) {
+      return std::string(BackendCallName(std::get<0>(info.param))) + "_" +
+             std::to_string(std::get<1>(info.param) >> 20) + "MiB";
+    });
+
+// The default page sizes: 2 MiB in the small pool, 20 MiB in the large one.
+class EngineVmmLargePageTest : public EngineVmmTest {
+ protected:
+  EngineVmmLargePageTest() : EngineVmmTest(kLargePage) {}
+};
+
+TEST_F(EngineVmmLargePageTest, TheLargePoolMapsTwentyMiBPagesTheSmallPoolTwo) {
+  void* small = Touch(512);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(kPage));
+  // Five 4 MiB blocks share the large range's first page: one create, one
+  // map, where 2 MiB pages would take ten of each.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(Touch(4 * kMiB));
+  EXPECT_EQ(Address(blocks[0]) % kLargePage, 0u) << "the range starts on a page";
+  EXPECT_EQ(Calls(BackendCall::kCreatePhysicalPage), 2);
+  EXPECT_EQ(Calls(BackendCall::kMapPage), 2);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(kPage + kLargePage));
+  // 50 MiB after them touches pages 1 to 3 (page fit: no placement touches
+  // fewer new pages).
+  void* big = Touch(50 * kMiB);
+  EXPECT_EQ(Calls(BackendCall::kCreatePhysicalPage), 5);
+  EXPECT_EQ(Calls(BackendCall::kMapPage), 5);
+  EXPECT_EQ(backend_->live_page_bytes(), kPage + 4 * kLargePage);
+  const MemoryStats stats = Stats();
+  EXPECT_EQ(stats.reserved_bytes.all().current, static_cast<std::int64_t>(kPage + 4 * kLargePage));
+  EXPECT_EQ(stats.vmm.page_size, static_cast<std::int64_t>(kPage));
+  EXPECT_EQ(stats.vmm.large_page_size, static_cast<std::int64_t>(kLargePage));
+  EXPECT_EQ(stats.vmm.mapped_bytes, static_cast<std::int64_t>(kPage + 4 * kLargePage));
+  // Freed and reused: no call.
+  const std::int64_t calls = DriverCalls();
+  Release(big);
+  big = Touch(50 * kMiB);
+  EXPECT_EQ(DriverCalls(), calls);
+  Release(big);
+  for (void* block : blocks) Release(block);
+  Release(small);
+  ASSERT_TRUE(engine_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes.all().current, 0);
+  EXPECT_EQ(backend_->live_pages(), 0);
+  EXPECT_EQ(backend_->mapped_pages(), 0);
+  EXPECT_EQ(backend_->reserved_ranges(), 0) << "each reservation went back whole";
+}
+
+TEST_F(EngineVmmLargePageTest, SharedPagesAndBaseAllocationsAreWholeLargePages) {
+  void* a = Touch(3 * kMiB);
+  void* c = Touch(30 * kMiB);  // 3 to 33 MiB: pages 0 and 1
+  const std::uintptr_t start = Address(a);
+  ASSERT_EQ(start % kLargePage, 0u);
+  absl::StatusOr<Engine::SharedPages> pages = engine_->PagesOfBlock(c);
+  ASSERT_TRUE(pages.ok()) << pages.status();
+  EXPECT_EQ(pages->page_size, kLargePage);
+  EXPECT_EQ(pages->first_page, start);
+  EXPECT_EQ(pages->handles.size(), 2u);
+  EXPECT_EQ(*engine_->BaseAllocation(c), std::make_pair(start, 2 * kLargePage));
+  Release(a);
+  Release(c);
+}
+
+TEST_F(EngineVmmLargePageTest, AMemoryLimitCountsWholeLargePages) {
+  engine_->SetMemoryLimit(kLargePage + 3 * kPage);
+  void* first = Touch(4 * kMiB);
+  void* small = Touch(512);
+  // A second large page would pass the limit: refused before any is mapped.
+  absl::StatusOr<void*> over = engine_->Allocate(30 * kMiB);
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(kLargePage + kPage));
+  EXPECT_EQ(Calls(BackendCall::kCreatePhysicalPage), 2);
+  Release(first);
+  Release(small);
+}
 
 TEST(EngineVmmPageSizeFaultTest, AFailingPageSizeQueryRefusesThePlacementClearly) {
   auto faults = std::make_unique<FaultInjectingBackend>(std::make_unique<ControlledBackend>());

@@ -135,8 +135,9 @@ def test_expandable_segments_select_the_virtual_memory_placement(variable):
     """
     env = {variable: "expandable_segments:True",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "simcuda"), str(ROOT)])}
-    # 2 pages mapped where PyTorch's placement would take a 20 MiB segment with cudaMalloc.
-    assert run(snippet, "torchmem", env=env) == {"reserved": 4 << 20, "mapped": 4 << 20,
+    # A 20 MiB page of the large pool mapped (as PyTorch's expandable segments map), where
+    # PyTorch's placement would take a 20 MiB segment with cudaMalloc.
+    assert run(snippet, "torchmem", env=env) == {"reserved": 20 << 20, "mapped": 20 << 20,
                                                  "mallocs": 0}
 
 

@@ -51,22 +51,24 @@ def pluggable_base_allocation(ptr):
 
 def test_base_allocation_is_the_mapped_run_around_the_pointer(expandable):
     module = torchmem_cuda.load()
-    a = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
-    b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
-    c = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
-    start = a.data_ptr()  # the range's first block: its pages are [start, start + 10 MiB)
-    assert b.data_ptr() == start + 3 * MiB and c.data_ptr() == start + 6 * MiB
+    page = 20 * MiB  # the large pool's pages
+    size = 3 * page // 2
+    a = torch.empty(size, dtype=torch.uint8, device="cuda")
+    b = torch.empty(size, dtype=torch.uint8, device="cuda")
+    c = torch.empty(size, dtype=torch.uint8, device="cuda")
+    start = a.data_ptr()  # the range's first block: its pages are [start, start + 5 pages)
+    assert b.data_ptr() == start + size and c.data_ptr() == start + 2 * size
     for tensor in (a, b, c):
-        assert pluggable_base_allocation(tensor.data_ptr()) == (start, 10 * MiB)
-        assert module.base_allocation(tensor.data_ptr()) == (start, 10 * MiB)
+        assert pluggable_base_allocation(tensor.data_ptr()) == (start, 5 * page)
+        assert module.base_allocation(tensor.data_ptr()) == (start, 5 * page)
 
-    # Unmapping the page only b touched (4-6 MiB) splits the mapped memory in two.
+    # Unmapping the page only b touched (the third) splits the mapped memory in two.
     del b
     torch.cuda.empty_cache()
-    assert module.base_allocation(a.data_ptr()) == (start, 4 * MiB)
-    assert module.base_allocation(c.data_ptr()) == (start + 6 * MiB, 4 * MiB)
-    assert module.base_allocation(c.data_ptr() + MiB) == (start + 6 * MiB, 4 * MiB)
-    assert pluggable_base_allocation(c.data_ptr()) == (start + 6 * MiB, 4 * MiB)
+    assert module.base_allocation(a.data_ptr()) == (start, 2 * page)
+    assert module.base_allocation(c.data_ptr()) == (start + 3 * page, 2 * page)
+    assert module.base_allocation(c.data_ptr() + MiB) == (start + 3 * page, 2 * page)
+    assert pluggable_base_allocation(c.data_ptr()) == (start + 3 * page, 2 * page)
     del a, c
 
 

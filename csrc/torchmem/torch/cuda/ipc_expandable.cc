@@ -142,8 +142,9 @@ std::shared_ptr<void> OpenExpandableHandle(const std::string& body, char version
   }
   ::close(static_cast<int>(pidfd));
 
-  CheckDriver(driver,
-              driver.cuMemAddressReserve(&opened->base, count * page_size, page_size, 0, 0),
+  // The driver's own alignment (its granularity, which every page size is a
+  // multiple of): a 20 MiB page is not a power of two.
+  CheckDriver(driver, driver.cuMemAddressReserve(&opened->base, count * page_size, 0, 0, 0),
               "cuMemAddressReserve");
   opened->reserved = count * page_size;
   for (std::size_t i = 0; i < count; ++i) {
