@@ -507,3 +507,49 @@ def test_a_class_setup_names_the_holder_when_arguments_are_not_allowed(pytester,
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*held by       test_class_setup.TestSharedMiner.miner.pairs*"])
     result.stdout.fnmatch_lines(["*held by       test_class_setup.TestPytestStyle.miner.pairs*"])
+
+
+INSTANCE_STATE_MODULE = """
+import unittest
+
+import torch
+
+KEPT = []
+
+
+class TestSetUpState(unittest.TestCase):
+    # unittest runs setUp in pytest's call phase; the instance lives until the test's teardown.
+    def setUp(self):
+        self.data = torch.ones(64)
+
+    def test_uses_the_setup_state(self):
+        self.result = self.data * 2
+
+    def test_still_fails_a_module_global(self):
+        KEPT.append(self.data * 3)
+
+
+class TestPytestStyle:
+    def test_keeps_on_self(self):
+        self.result = torch.ones(64) * 2
+"""
+
+
+def test_state_on_the_tests_own_instance_is_released_at_teardown_and_allowed(pytester, run_pytest):
+    pytester.makepyfile(test_instance_state=INSTANCE_STATE_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu")
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_instance_state.py::TestSetUpState::test_still_fails_a_module_global*"])
+    result.stdout.fnmatch_lines(["*held by       test_instance_state.KEPT[[]0]*"])
+
+
+def test_the_tests_own_instance_names_the_holder_when_arguments_are_not_allowed(pytester, run_pytest):
+    pytester.makepyfile(test_instance_state=INSTANCE_STATE_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu", "--torchmem-allow-arguments=no",
+                        "-k", "setup_state")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*held by       <test_instance_state.TestSetUpState instance of test_uses_the_setup_state>.data*"])

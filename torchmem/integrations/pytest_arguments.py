@@ -15,6 +15,11 @@ What the class body defined is not: a class-level list a test appends to lives a
 module, as a module global would. The two are told apart by a snapshot of the class's
 namespace the plugin takes before the class's first test is set up
 (``pytest_plugin.pytest_runtest_setup``; ids, not the objects, so it keeps nothing alive).
+
+A test method's own instance (``self``) is an input of the same kind: pytest makes a fresh one
+for each test of a class (unittest's ``TestCase(methodName)`` too, whose ``setUp`` runs in the
+call phase) and drops it at the test's teardown, so what ``setUp`` or the test put on ``self``
+is released with it, after the check.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ _FIXTURE_NOTE = "held through the test's fixture {name!r} (scope {scope}; allow_
 _CLASS_SETUP_NOTE = (
     "held through {owner}.{name}, set by the class's setup (setUpClass / setup_class: a class-scoped "
     "fixture; allow_arguments)"
+)
+_INSTANCE_NOTE = (
+    "held through the test's own instance of {owner} (self): pytest makes one per test and drops it at "
+    "the test's teardown (allow_arguments)"
 )
 # Code a class can gain after its body ran (a decorator, a plugin's hook): not state a setup
 # gave the tests, and a function would lend its closure's contents an allowance.
@@ -60,7 +69,19 @@ def argument_roots(item, *, exclude=(), allowed: bool = True,
             note = _FIXTURE_NOTE.format(name=name, scope=_scope(item, name))
             roots.append(AllowedRoot(f"<fixture {name!r}>", value, note, allowed))
     roots.extend(_class_setup_roots(item, class_body_before_setup, allowed))
+    roots.extend(_instance_root(item, allowed))
     return tuple(roots)
+
+
+def _instance_root(item, allowed: bool) -> list[AllowedRoot]:
+    """The test's own instance of its class, made for this test alone (pytest's ``instance``;
+    read from the item's ``__dict__`` so that asking does not make one)."""
+    cls = getattr(item, "cls", None)
+    instance = vars(item).get("_instance")
+    if cls is None or instance is None or not isinstance(instance, cls):
+        return []
+    owner = f"{cls.__module__}.{cls.__qualname__}"
+    return [AllowedRoot(f"<{owner} instance of {item.name}>", instance, _INSTANCE_NOTE.format(owner=owner), allowed)]
 
 
 def _class_setup_roots(item, body: dict | None, allowed: bool) -> list[AllowedRoot]:
