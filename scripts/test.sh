@@ -4,7 +4,8 @@
 #   bash scripts/test.sh
 #
 # 1. installs/builds whatever is missing (scripts/install.sh --no-demo);
-# 2. C++ tests (GoogleTest, CTest), including the CUDA backend on the
+# 2. the C/C++ formatting check (clang-format, whole tree), then C++ tests
+#    (GoogleTest, CTest), including the CUDA backend on the
 #    simulated CUDA device;
 # 3. the same C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 # 4. the concurrency tests under ThreadSanitizer (built with clang, which also
@@ -26,6 +27,9 @@ bash scripts/install.sh --no-demo
   export CUDAToolkit_ROOT=$PWD/build/cuda-toolkit
 CUDA_ARGS=()
 [[ -n "${CUDAToolkit_ROOT:-}" ]] && CUDA_ARGS+=("-DCUDAToolkit_ROOT=$CUDAToolkit_ROOT")
+
+log "C and C++ formatting (scripts/check_format.sh: the whole tree against .clang-format)"
+bash scripts/check_format.sh
 
 log "C++ tests (release)"
 ctest --test-dir build/release --output-on-failure -j "$JOBS"

@@ -301,8 +301,8 @@ absl::Status ControlledBackend::MapPage(std::uintptr_t address, PhysicalPage pag
         absl::StrFormat("MapPage(%#x, %d): no such page, or it is mapped already", address, page));
   }
   if (it->second.size != size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "MapPage(%#x, %d, %d): the page has %d bytes", address, page, size, it->second.size));
+    return absl::InvalidArgumentError(absl::StrFormat("MapPage(%#x, %d, %d): the page has %d bytes",
+                                                      address, page, size, it->second.size));
   }
   for (std::uintptr_t at = address; at < address + size; at += options_.vmm_page_size) {
     if (mappings_.contains(at)) {
@@ -352,8 +352,8 @@ absl::Status ControlledBackend::UnmapPages(std::uintptr_t address, std::size_t s
     const Created& created = pages_.at(mapping->second.page);
     if (created.mapped_at < address || created.mapped_at + created.size > address + size) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "UnmapPages(%#x, %d): the %d-byte page mapped at %#x is not covered whole", address,
-          size, created.size, created.mapped_at));
+          "UnmapPages(%#x, %d): the %d-byte page mapped at %#x is not covered whole", address, size,
+          created.size, created.mapped_at));
     }
   }
   // Unmapping waits for the stream's queued work, as the CUDA backend does.

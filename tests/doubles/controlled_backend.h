@@ -63,7 +63,7 @@ class ControlledBackend final : public Backend {
   std::size_t live_segment_bytes() const;
   std::int64_t live_segments() const;
   std::int64_t live_events() const;
-  std::int64_t live_pages() const;  // physical pages created, not released
+  std::int64_t live_pages() const;      // physical pages created, not released
   std::size_t live_page_bytes() const;  // their bytes
   std::int64_t mapped_pages() const;    // granules (vmm_page_size) mapped
   std::int64_t reserved_ranges() const;

@@ -296,7 +296,7 @@ absl::Status FaultInjectingBackend::ReleasePhysicalPage(PhysicalPage page) {
 }
 
 absl::Status FaultInjectingBackend::MapPage(std::uintptr_t address, PhysicalPage page,
-                                           std::size_t size) {
+                                            std::size_t size) {
   if (absl::Status injected = Enter(
           BackendCall::kMapPage, [&] { return absl::StrFormat("page %d at %#x", page, address); });
       !injected.ok()) {

@@ -135,7 +135,7 @@ void simcuda_vmm_stats(simcuda_vmm_stats_t* stats);
 void simcuda_reset(void);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_ */
+#endif /* TORCHMEM_TESTS_SIMCUDA_SIMCUDA_CONTROL_H_ */

@@ -58,9 +58,8 @@ absl::Status CudaBackend::CudaError(cudaError_t error, const std::string& call) 
   // Clear the sticky "last error" so that PyTorch's own error checks after
   // our call do not report our (handled) failure as theirs.
   (void)cudaGetLastError();
-  const std::string message =
-      absl::StrFormat("%s on %s failed: %s (%s)", call, DeviceName(), cudaGetErrorName(error),
-                      cudaGetErrorString(error));
+  const std::string message = absl::StrFormat("%s on %s failed: %s (%s)", call, DeviceName(),
+                                              cudaGetErrorName(error), cudaGetErrorString(error));
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }
@@ -100,7 +99,8 @@ absl::StatusOr<std::uintptr_t> CudaBackend::AllocateSegment(std::size_t size, St
     error = cudaMalloc(&ptr, size);
   }
   if (error != cudaSuccess) {
-    return CudaError(error, absl::StrCat("cudaMalloc(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
+    return CudaError(
+        error, absl::StrCat("cudaMalloc(", FormatBytes(static_cast<std::int64_t>(size)), ")"));
   }
   RegisterCudaAddressRange(reinterpret_cast<std::uintptr_t>(ptr), size, device_);
   return reinterpret_cast<std::uintptr_t>(ptr);
@@ -154,9 +154,9 @@ absl::StatusOr<EventId> CudaBackend::RecordEvent(StreamId stream) {
     }
     if (const cudaError_t error = cudaEventRecord(event, foreign->stream); error != cudaSuccess) {
       (void)cudaEventDestroy(event);
-      return CudaError(error, absl::StrFormat("cudaEventRecord(stream %p of cuda:%d)",
-                                              static_cast<void*>(foreign->stream),
-                                              foreign->device));
+      return CudaError(error,
+                       absl::StrFormat("cudaEventRecord(stream %p of cuda:%d)",
+                                       static_cast<void*>(foreign->stream), foreign->device));
     }
     foreign_events_.insert(event);
     return reinterpret_cast<EventId>(event);
@@ -234,9 +234,9 @@ CUdeviceptr AsDevicePtr(std::uintptr_t address) { return static_cast<CUdeviceptr
 }  // namespace
 
 absl::Status CudaBackend::DriverError(CUresult result, const std::string& call) const {
-  const std::string message = absl::StrFormat("%s on %s failed: %s", call, DeviceName(),
-                                              driver_ != nullptr ? driver_->Describe(result)
-                                                                 : absl::StrCat(result));
+  const std::string message =
+      absl::StrFormat("%s on %s failed: %s", call, DeviceName(),
+                      driver_ != nullptr ? driver_->Describe(result) : absl::StrCat(result));
   if (result == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }
@@ -386,7 +386,8 @@ absl::Status CudaBackend::SetAccess(std::uintptr_t address, std::size_t size) {
   // for the devices enablePeerAccess named).
   CUmemAccessDesc access[64] = {};
   std::size_t count = 0;
-  const std::uint64_t peers = peers_.load(std::memory_order_acquire) | (std::uint64_t{1} << device_);
+  const std::uint64_t peers =
+      peers_.load(std::memory_order_acquire) | (std::uint64_t{1} << device_);
   for (int device = 0; device < 64; ++device) {
     if ((peers & (std::uint64_t{1} << device)) == 0) continue;
     access[count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;

@@ -43,8 +43,8 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <mutex>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 

@@ -16,7 +16,7 @@ absl::Status Resolve(Fn& function, const char* name) {
   void* address = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   const cudaError_t error = cudaGetDriverEntryPointByVersion(name, &address, kDriverAbiVersion,
-                                                            cudaEnableDefault, &found);
+                                                             cudaEnableDefault, &found);
   if (error != cudaSuccess) {
     (void)cudaGetLastError();  // not PyTorch's error to see
     return absl::FailedPreconditionError(

@@ -42,8 +42,7 @@ struct CudaDriver {
   // CUDA IPC of virtual memory (POSIX file descriptors, as PyTorch shares
   // expandable segments).
   CUresult (*cuMemExportToShareableHandle)(void*, CUmemGenericAllocationHandle,
-                                           CUmemAllocationHandleType,
-                                           unsigned long long) = nullptr;
+                                           CUmemAllocationHandleType, unsigned long long) = nullptr;
   CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,
                                              CUmemAllocationHandleType) = nullptr;
 

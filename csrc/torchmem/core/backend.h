@@ -21,8 +21,8 @@
 //     VirtualMemoryPageSize, and the engine may then place blocks in address
 //     ranges it reserves once and map physical pages (each a multiple of that
 //     size: 2 MiB in the small pool, 20 MiB in the large one, as PyTorch's
-//     expandable segments) where live blocks need them (see vmm_space.h). Physical pages count against the
-//     device's capacity like segments; address ranges cost none.
+//     expandable segments) where live blocks need them (see vmm_space.h). Physical pages count
+//     against the device's capacity like segments; address ranges cost none.
 #ifndef TORCHMEM_CORE_BACKEND_H_
 #define TORCHMEM_CORE_BACKEND_H_
 

@@ -31,9 +31,9 @@ absl::StatusOr<Engine::SharedPages> Engine::PagesOfBlock(const void* ptr) const 
   }
   const Block& block = *it->second;
   if (!block.segment->vmm) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "torchmem: the block at %#x on %s is in a segment, not an address range", address,
-        device_name_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("torchmem: the block at %#x on %s is in a segment, not an address range",
+                        address, device_name_));
   }
   // The pages of the block's pool kind (20 MiB in the large pool: not a
   // power of two, so no masks).

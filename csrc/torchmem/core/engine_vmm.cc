@@ -147,12 +147,11 @@ void Engine::FillVmmStats(MemoryStats& stats) const {
   out.cached_bytes = out.mapped_bytes - out.touched_bytes;
 }
 
-absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool,
-                                              PrivatePool* owner, ContextId context) {
+absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool, PrivatePool* owner,
+                                              ContextId context) {
   if (absl::Status created = CreateVmmSpaces(); !created.ok()) return created;
   VmmSpace& space = *vmm_[static_cast<int>(pool)];
-  if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(lists.stream);
-      !allowed.ok()) {
+  if (absl::Status allowed = backend_->CheckSegmentAllocationAllowed(lists.stream); !allowed.ok()) {
     return allowed;
   }
   // Sized by the device's capacity now (a device whose capacity changed,
@@ -285,9 +284,8 @@ void Engine::ReleasePages(Block* block) {
   SpaceOf(*block->segment).Release(*block->segment, block->address, block->size);
 }
 
-absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind pool,
-                                               StreamId stream, PrivatePool* owner,
-                                               ContextId context) {
+absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind pool, StreamId stream,
+                                               PrivatePool* owner, ContextId context) {
   const bool capturing = CaptureUnderwayLocked();
   absl::Status failure;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -337,8 +335,7 @@ absl::StatusOr<Block*> Engine::AllocateInRange(std::size_t rounded, PoolKind poo
     absl::Status released = ReleaseFreeSegments(/*default_pool=*/true);
     if (!released.ok()) {
       return absl::Status(failure.code(),
-                          absl::StrCat(failure.message(),
-                                       "; the cache could not make room first: ",
+                          absl::StrCat(failure.message(), "; the cache could not make room first: ",
                                        released.message()));
     }
   }

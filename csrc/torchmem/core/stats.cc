@@ -76,8 +76,7 @@ std::vector<std::pair<std::string, std::int64_t>> MemoryStats::Flatten() const {
   // otherwise.
   if (vmm.page_size != 0) {
     for (const auto& [name, value] :
-         {std::pair{"page_size", vmm.page_size},
-          std::pair{"large_page_size", vmm.large_page_size},
+         {std::pair{"page_size", vmm.page_size}, std::pair{"large_page_size", vmm.large_page_size},
           std::pair{"reserved_address_bytes", vmm.reserved_address_bytes},
           std::pair{"mapped_bytes", vmm.mapped_bytes},
           std::pair{"touched_bytes", vmm.touched_bytes},

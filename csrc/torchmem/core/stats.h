@@ -127,8 +127,8 @@ struct MemoryStats {
   // mapped (what it means in PyTorch with expandable segments); address
   // space reserved for the ranges costs no memory and is counted here.
   struct Vmm {
-    std::int64_t page_size = 0;        // the small pool's pages
-    std::int64_t large_page_size = 0;  // the large pool's pages
+    std::int64_t page_size = 0;               // the small pool's pages
+    std::int64_t large_page_size = 0;         // the large pool's pages
     std::int64_t reserved_address_bytes = 0;  // ranges reserved now
     std::int64_t mapped_bytes = 0;            // = reserved_bytes of the ranges
     std::int64_t touched_bytes = 0;           // pages live blocks overlap

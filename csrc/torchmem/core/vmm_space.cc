@@ -178,7 +178,8 @@ absl::Status VmmSpace::MapRun(Segment& range, std::uint64_t first, std::int64_t 
     absl::StatusOr<PhysicalPage> handle = ObtainHandle(limits, created);
     if (!handle.ok()) return handle.status();
     ++counters_.maps;
-    if (absl::Status mapped = backend_.MapPage(AddressOf(index), *handle, page_size_); !mapped.ok()) {
+    if (absl::Status mapped = backend_.MapPage(AddressOf(index), *handle, page_size_);
+        !mapped.ok()) {
       FreeHandle(*handle);
       return mapped;
     }
@@ -256,9 +257,10 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
   }
   if (!create_error.ok()) {
     if (steal_error.ok()) return create_error;
-    return absl::Status(create_error.code(),
-                        absl::StrCat(create_error.message(), " (and unmapping a cached page "
-                                     "failed: ", steal_error.message(), ")"));
+    return absl::Status(create_error.code(), absl::StrCat(create_error.message(),
+                                                          " (and unmapping a cached page "
+                                                          "failed: ",
+                                                          steal_error.message(), ")"));
   }
   return LimitError(steal_error);
 }
@@ -266,8 +268,9 @@ absl::StatusOr<PhysicalPage> VmmSpace::ObtainHandle(const VmmAcquireLimits& limi
 absl::Status VmmSpace::LimitError(const absl::Status& steal_error) const {
   return absl::ResourceExhaustedError(absl::StrFormat(
       "a new %d-byte page would take reserved memory over the memory limit%s", page_size_,
-      steal_error.ok() ? "" : absl::StrCat(" (and unmapping a cached page failed: ",
-                                           steal_error.message(), ")")));
+      steal_error.ok()
+          ? ""
+          : absl::StrCat(" (and unmapping a cached page failed: ", steal_error.message(), ")")));
 }
 
 std::optional<std::uint64_t> VmmSpace::HighestStealable() {
@@ -341,8 +344,8 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
     std::size_t end = begin + 1;
     while (end < cached.size() && cached[end] == cached[end - 1] + 1) ++end;
     ++counters_.unmaps;
-    absl::Status unmapped = backend_.UnmapPages(AddressOf(cached[begin]),
-                                                (end - begin) * page_size_, range.stream);
+    absl::Status unmapped =
+        backend_.UnmapPages(AddressOf(cached[begin]), (end - begin) * page_size_, range.stream);
     if (!unmapped.ok()) return unmapped;
     for (std::size_t i = begin; i < end; ++i) {
       FreeHandle(pages_.Find(cached[i])->handle);
@@ -351,8 +354,7 @@ absl::Status VmmSpace::ReleaseCached(Segment& range) {
       --mapped_pages_;
       --range.mapped_pages;
     }
-    listener_(range, AddressOf(cached[begin]),
-              -static_cast<std::int64_t>(end - begin));
+    listener_(range, AddressOf(cached[begin]), -static_cast<std::int64_t>(end - begin));
     begin = end;
   }
   return absl::OkStatus();

@@ -42,9 +42,9 @@
 #ifndef TORCHMEM_CORE_VMM_SPACE_H_
 #define TORCHMEM_CORE_VMM_SPACE_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -56,9 +56,9 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/types/span.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "torchmem/core/backend.h"
 #include "torchmem/core/block.h"
 
@@ -146,12 +146,11 @@ class VmmSpace {
   // treat as one allocation (getBaseAllocation, IPC); the range's unmapped
   // address space around it is not memory. NotFound if `address` is on no
   // mapped page.
-  absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> MappedRun(
-      const Segment& range, std::uintptr_t address) const;
+  absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> MappedRun(const Segment& range,
+                                                                   std::uintptr_t address) const;
   // The physical handle of each page of [start, start + size) (page-aligned,
   // every page mapped), in address order; NotFound if one is not mapped.
-  absl::StatusOr<std::vector<PhysicalPage>> HandlesOf(std::uintptr_t start,
-                                                      std::size_t size) const;
+  absl::StatusOr<std::vector<PhysicalPage>> HandlesOf(std::uintptr_t start, std::size_t size) const;
 
   // Unmaps and frees every page, live or not (the engine is being
   // destroyed); errors are ignored.
@@ -256,8 +255,7 @@ class VmmSpace {
 
   // A physical page to map: a cached page's handle (stolen) or a new one;
   // `created` counts the pages this acquisition created.
-  absl::StatusOr<PhysicalPage> ObtainHandle(const VmmAcquireLimits& limits,
-                                            std::int64_t* created);
+  absl::StatusOr<PhysicalPage> ObtainHandle(const VmmAcquireLimits& limits, std::int64_t* created);
   // Maps the pages [first, first + count) (all in `range`, none mapped) and
   // gives them access.
   // Each page mapped is appended to `mapped`, also when a later one fails.

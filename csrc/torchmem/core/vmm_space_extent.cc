@@ -27,13 +27,13 @@ absl::StatusOr<std::pair<std::uintptr_t, std::size_t>> VmmSpace::MappedRun(
 }
 
 absl::StatusOr<std::vector<PhysicalPage>> VmmSpace::HandlesOf(std::uintptr_t start,
-                                                             std::size_t size) const {
+                                                              std::size_t size) const {
   std::vector<PhysicalPage> handles;
   for (std::uint64_t index = PageOf(start); index <= PageOf(start + size - 1); ++index) {
     const Page* page = pages_.Find(index);
     if (page == nullptr || !page->mapped) {
-      return absl::NotFoundError(absl::StrFormat(
-          "torchmem: the page at %#x is not mapped", AddressOf(index)));
+      return absl::NotFoundError(
+          absl::StrFormat("torchmem: the page at %#x is not mapped", AddressOf(index)));
     }
     handles.push_back(page->handle);
   }

@@ -33,8 +33,8 @@ void RegisterBuildInfo(py::module_& m) {
   py::dict info;
   info["torch"] = std::string(TORCH_VERSION);
   info["cuda"] = std::string(TORCHMEM_BUILT_CUDA_VERSION);
-  info["python"] = std::string(TORCHMEM_STRINGIFY(PY_MAJOR_VERSION) "." TORCHMEM_STRINGIFY(
-      PY_MINOR_VERSION));
+  info["python"] =
+      std::string(TORCHMEM_STRINGIFY(PY_MAJOR_VERSION) "." TORCHMEM_STRINGIFY(PY_MINOR_VERSION));
   info["marker"] = std::string(torchmem_build_info);
   m.attr("build_info") = info;
 }

@@ -6,16 +6,23 @@
 namespace torchmem::python {
 
 void RegisterCollector(py::module_& m) {
-  m.def("instances_of", [](py::list objects, py::object type) {
-    PyObject* found = TorchmemInstancesOf(objects.ptr(), type.ptr());
-    if (found == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::list>(found);
-  }, py::arg("objects"), py::arg("type"));
-  m.def("subset_garbage", [](py::list objects, py::list seeds, Py_ssize_t max_passes, Py_ssize_t max_members) {
-    PyObject* result = TorchmemSubsetGarbage(objects.ptr(), seeds.ptr(), max_passes, max_members);
-    if (result == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::tuple>(result);
-  }, py::arg("objects"), py::arg("seeds"), py::arg("max_passes"), py::arg("max_members"));
+  m.def(
+      "instances_of",
+      [](py::list objects, py::object type) {
+        PyObject* found = TorchmemInstancesOf(objects.ptr(), type.ptr());
+        if (found == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::list>(found);
+      },
+      py::arg("objects"), py::arg("type"));
+  m.def(
+      "subset_garbage",
+      [](py::list objects, py::list seeds, Py_ssize_t max_passes, Py_ssize_t max_members) {
+        PyObject* result =
+            TorchmemSubsetGarbage(objects.ptr(), seeds.ptr(), max_passes, max_members);
+        if (result == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::tuple>(result);
+      },
+      py::arg("objects"), py::arg("seeds"), py::arg("max_passes"), py::arg("max_members"));
 }
 
 }  // namespace torchmem::python

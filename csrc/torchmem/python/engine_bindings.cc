@@ -28,8 +28,8 @@ py::dict FreeSpaceToDict(const FreeSpaceStats& stats) {
   py::list histogram;
   for (std::size_t k = 0; k < stats.histogram_counts.size(); ++k) {
     if (stats.histogram_counts[k] == 0) continue;
-    histogram.append(py::make_tuple(std::int64_t{1} << k, stats.histogram_counts[k],
-                                    stats.histogram_bytes[k]));
+    histogram.append(
+        py::make_tuple(std::int64_t{1} << k, stats.histogram_counts[k], stats.histogram_bytes[k]));
   }
   d["free_block_histogram"] = histogram;  // (lower bound, count, bytes)
   return d;
@@ -40,7 +40,8 @@ py::dict FragmentationToDict(const FragmentationReport& report) {
   d["small_pool"] = FreeSpaceToDict(report.small_pool);
   d["large_pool"] = FreeSpaceToDict(report.large_pool);
   py::dict by_stream;
-  for (const auto& [stream, stats] : report.by_stream) by_stream[py::int_(stream)] = FreeSpaceToDict(stats);
+  for (const auto& [stream, stats] : report.by_stream)
+    by_stream[py::int_(stream)] = FreeSpaceToDict(stats);
   d["by_stream"] = by_stream;
   return d;
 }
@@ -79,8 +80,7 @@ EngineHandle MakeHostEngine(std::size_t capacity_bytes, std::size_t memory_limit
   if (large_segment_size != 0) options.policy.large_segment_size = large_segment_size;
   ThrowIfError(options.policy.Validate());
   auto engine = std::make_shared<Engine>(
-      std::make_unique<HostBackend>(HostBackendOptions{.capacity_bytes = capacity_bytes}),
-      options);
+      std::make_unique<HostBackend>(HostBackendOptions{.capacity_bytes = capacity_bytes}), options);
   Engine* raw = engine.get();
   return EngineHandle{std::move(engine), raw};
 }
@@ -172,8 +172,9 @@ void RegisterEngine(py::module_& m) {
              }
              ThrowIfError(status);
            })
-      .def("set_memory_limit", [](EngineHandle& h, std::size_t bytes) { h->SetMemoryLimit(bytes); },
-           py::arg("bytes"))
+      .def(
+          "set_memory_limit", [](EngineHandle& h, std::size_t bytes) { h->SetMemoryLimit(bytes); },
+          py::arg("bytes"))
       .def(
           "set_memory_fraction",
           [](EngineHandle& h, double fraction) { ThrowIfError(h->SetMemoryFraction(fraction)); },
@@ -284,16 +285,14 @@ void RegisterEngine(py::module_& m) {
              }
              return out;
            })
-      .def(
-          "check_invariants",
-          [](EngineHandle& h) {
-            absl::Status status;
-            {
-              py::gil_scoped_release release;
-              status = h->CheckInvariants();
-            }
-            ThrowIfError(status);
-          });
+      .def("check_invariants", [](EngineHandle& h) {
+        absl::Status status;
+        {
+          py::gil_scoped_release release;
+          status = h->CheckInvariants();
+        }
+        ThrowIfError(status);
+      });
 }
 
 }  // namespace torchmem::python

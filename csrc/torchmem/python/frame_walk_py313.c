@@ -15,8 +15,7 @@ int TorchmemWalkOwnFrames(PyThreadState* tstate, TorchmemRawFrame* out, int capa
                           int* truncated) {
   int count = 0;
   *truncated = 0;
-  for (_PyInterpreterFrame* frame = tstate->current_frame; frame != NULL;
-       frame = frame->previous) {
+  for (_PyInterpreterFrame* frame = tstate->current_frame; frame != NULL; frame = frame->previous) {
     /* Shims (FRAME_OWNED_BY_CSTACK) and frames before their first RESUME;
      * _PyFrame_IsIncomplete checks both. */
     if (frame->owner == FRAME_OWNED_BY_CSTACK || !PyCode_Check(frame->f_executable)) continue;

@@ -48,11 +48,16 @@ void RegisterInstall(py::module_& m) {
       "tensors come from torchmem while installed, and why not when they do not.");
   m.def(
       "default_cpu_allocator_raw_allocate",
-      [](std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(torch_glue::DefaultAllocatorRawAllocate(bytes)); },
-      py::arg("bytes"), "c10::GetDefaultCPUAllocator()->raw_allocate(bytes), as an address (for tests).");
+      [](std::size_t bytes) {
+        return reinterpret_cast<std::uintptr_t>(torch_glue::DefaultAllocatorRawAllocate(bytes));
+      },
+      py::arg("bytes"),
+      "c10::GetDefaultCPUAllocator()->raw_allocate(bytes), as an address (for tests).");
   m.def(
       "default_cpu_allocator_raw_deallocate",
-      [](std::uintptr_t address) { torch_glue::DefaultAllocatorRawDeallocate(reinterpret_cast<void*>(address)); },
+      [](std::uintptr_t address) {
+        torch_glue::DefaultAllocatorRawDeallocate(reinterpret_cast<void*>(address));
+      },
       py::arg("address"), "c10::GetDefaultCPUAllocator()->raw_deallocate(address) (for tests).");
   m.def("cpu_engine", []() { return WrapBorrowedEngine(torch_glue::CpuEngine()); });
   m.def(

@@ -8,8 +8,8 @@
 /* Members: an open-addressing table from object address to member number, and per member
  * its address, its position in `objects` (-1 until seen there) and its outside count. */
 typedef struct {
-  PyObject** keys;    /* table: address or NULL */
-  Py_ssize_t* slots;  /* table: member number */
+  PyObject** keys;   /* table: address or NULL */
+  Py_ssize_t* slots; /* table: member number */
   size_t mask;
   PyObject** members;
   Py_ssize_t* position;
@@ -181,7 +181,8 @@ static int MarkReachable(Members* s, PyObject* seeds, char* reachable, Py_ssize_
     s->outside[m] = Py_REFCNT(s->members[m]) - (s->position[m] >= 0 ? 1 : 0);
     reachable[m] = 0;
   }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seeds); ++i) --s->outside[Find(s, PyList_GET_ITEM(seeds, i))];
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seeds); ++i)
+    --s->outside[Find(s, PyList_GET_ITEM(seeds, i))];
   for (Py_ssize_t m = 0; m < s->count; ++m) Traverse(s->members[m], VisitSubtract, s);
   Reach r = {s, reachable, stack, 0};
   for (Py_ssize_t m = 0; m < s->count; ++m) {
@@ -238,8 +239,10 @@ PyObject* TorchmemSubsetGarbage(PyObject* objects, PyObject* seeds, Py_ssize_t m
         continue;
       }
       if (Traverse(op, VisitIsMember, &s)) {
-        if (Add(&s, op, i) < 0) full = 1;
-        else ++added;
+        if (Add(&s, op, i) < 0)
+          full = 1;
+        else
+          ++added;
       }
     }
     ++passes;
@@ -269,7 +272,8 @@ PyObject* TorchmemSubsetGarbage(PyObject* objects, PyObject* seeds, Py_ssize_t m
       garbage_at[s.position[m]] = 1;
       /* What a collection would run on it: __del__ (tp_finalize, once) or a legacy tp_del. */
       PyTypeObject* type = Py_TYPE(s.members[m]);
-      if ((type->tp_finalize != NULL && !PyObject_GC_IsFinalized(s.members[m])) || type->tp_del != NULL) {
+      if ((type->tp_finalize != NULL && !PyObject_GC_IsFinalized(s.members[m])) ||
+          type->tp_del != NULL) {
         ++finalizers;
       }
     }
@@ -286,5 +290,6 @@ PyObject* TorchmemSubsetGarbage(PyObject* objects, PyObject* seeds, Py_ssize_t m
   free(stack);
   Free(&s);
   if (garbage == NULL) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-  return Py_BuildValue("(NOnnn)", garbage, complete ? Py_True : Py_False, passes, members, finalizers);
+  return Py_BuildValue("(NOnnn)", garbage, complete ? Py_True : Py_False, passes, members,
+                       finalizers);
 }

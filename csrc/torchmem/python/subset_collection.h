@@ -43,9 +43,9 @@ PyObject* TorchmemInstancesOf(PyObject* objects, PyObject* type);
  * and at most `max_members` members. Returns a new tuple (garbage, complete, passes,
  * members, finalizers): `garbage` lists the members found unreachable in `objects`' order,
  * `complete` is True when the last pass added no member, `finalizers` counts the garbage
- * a collection would run a finalizer on (tp_finalize not yet run, or tp_del). The references `objects` and `seeds` hold
- * are discounted; the caller must hold no other reference to a member. NULL with an
- * exception set on error (MemoryError, TypeError). */
+ * a collection would run a finalizer on (tp_finalize not yet run, or tp_del). The references
+ * `objects` and `seeds` hold are discounted; the caller must hold no other reference to a member.
+ * NULL with an exception set on error (MemoryError, TypeError). */
 PyObject* TorchmemSubsetGarbage(PyObject* objects, PyObject* seeds, Py_ssize_t max_passes,
                                 Py_ssize_t max_members);
 

@@ -101,8 +101,8 @@ void PublishThreadAttribution() {
       static_cast<const AttributionInfo*>(c10::ThreadLocalDebugInfo::get(kAttributionInfo));
   const TagId tag =
       own.tag != kNoTag ? own.tag : (inherited != nullptr ? inherited->Load().tag : kNoTag);
-  c10::ThreadLocalDebugInfo::_push(
-      kAttributionInfo, std::make_shared<AttributionInfo>(tag, entry.scope, inherited));
+  c10::ThreadLocalDebugInfo::_push(kAttributionInfo,
+                                   std::make_shared<AttributionInfo>(tag, entry.scope, inherited));
   entry.head = c10::ThreadLocalDebugInfo::current();
 }
 

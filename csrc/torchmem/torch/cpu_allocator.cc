@@ -147,9 +147,10 @@ DefaultAllocatorRoute TakeOverDefaultAllocator() {
   if (target == nullptr) return {false, "c10::GetDefaultCPUAllocator() returned no allocator"};
   const char* type_name = typeid(*target).name();
   if (std::strcmp(type_name, kDefaultCpuAllocatorTypeName) != 0) {
-    return {false, absl::StrFormat("c10's default CPU allocator is a %s, not the c10::DefaultCPUAllocator "
-                                   "torchmem knows how to stand in for",
-                                   type_name)};
+    return {false,
+            absl::StrFormat("c10's default CPU allocator is a %s, not the c10::DefaultCPUAllocator "
+                            "torchmem knows how to stand in for",
+                            type_name)};
   }
   if (!IsWritable(target, sizeof(void*))) {
     return {false, "c10's default CPU allocator lies in read-only memory"};
@@ -160,7 +161,8 @@ DefaultAllocatorRoute TakeOverDefaultAllocator() {
   static DefaultAllocatorStandIn* prototype = new DefaultAllocatorStandIn;
   void* stand_in_vtable = nullptr;
   std::memcpy(&stand_in_vtable, static_cast<const void*>(prototype), sizeof(void*));
-  std::atomic_ref<void*>(*reinterpret_cast<void**>(target)).store(stand_in_vtable, std::memory_order_release);
+  std::atomic_ref<void*>(*reinterpret_cast<void**>(target))
+      .store(stand_in_vtable, std::memory_order_release);
   return {true, ""};
 }
 
@@ -181,7 +183,8 @@ absl::Status InstallCpuAllocator() {
     state.takeover_tried = true;
   }
   c10::Allocator* previous = c10::GetCPUAllocator();
-  const bool default_serves_both = state.route.taken_over && previous == c10::GetDefaultCPUAllocator();
+  const bool default_serves_both =
+      state.route.taken_over && previous == c10::GetDefaultCPUAllocator();
   if (!default_serves_both) {
     previous_raw_deleter = previous->raw_deleter();
     c10::SetCPUAllocator(&RegisteredAllocator(), kCpuAllocatorPriority);
@@ -233,6 +236,8 @@ void* DefaultAllocatorRawAllocate(std::size_t bytes) {
   return c10::GetDefaultCPUAllocator()->raw_allocate(bytes);
 }
 
-void DefaultAllocatorRawDeallocate(void* ptr) { c10::GetDefaultCPUAllocator()->raw_deallocate(ptr); }
+void DefaultAllocatorRawDeallocate(void* ptr) {
+  c10::GetDefaultCPUAllocator()->raw_deallocate(ptr);
+}
 
 }  // namespace torchmem::torch_glue

@@ -21,7 +21,7 @@
 #define TORCHMEM_TORCH_VERSION \
   (TORCH_VERSION_MAJOR * 10000 + TORCH_VERSION_MINOR * 100 + TORCH_VERSION_PATCH)
 #define TORCHMEM_TORCH_VERSION_AT_LEAST(major, minor) \
-  (TORCHMEM_TORCH_VERSION >= (major) * 10000 + (minor) * 100)
+  (TORCHMEM_TORCH_VERSION >= (major)*10000 + (minor)*100)
 
 // The supported range, as pyproject.toml states it (torch>=2.9,<2.16).
 #define TORCHMEM_TORCH_OLDEST_SUPPORTED 20900

@@ -170,8 +170,8 @@ class CudaFaultTest : public ::testing::Test {
   // cudaSetDevice is called around every call) runs the workload with `call`
   // failing once or every time, reports the fault, recovers, and then runs
   // the workload again with no fault armed, every operation succeeding.
-  void RunWorkloadThroughTheFaultThenRecover(const char* call, cudaError_t error,
-                                             bool repeatedly, Placement placement) {
+  void RunWorkloadThroughTheFaultThenRecover(const char* call, cudaError_t error, bool repeatedly,
+                                             Placement placement) {
     StartEngine(/*device=*/1, placement);
     const unsigned long long before = sim().call_count(call);
     Inject(call, repeatedly ? kForever : 1, error);
@@ -333,7 +333,8 @@ class CudaVmmFaultMatrix : public CudaFaultTest,
 
 TEST_P(CudaVmmFaultMatrix, EngineReportsTheFaultKeepsItsPagesAndRecovers) {
   const auto [fault, repeatedly] = GetParam();
-  RunWorkloadThroughTheFaultThenRecover(fault.call, fault.error, repeatedly, Placement::kVirtualMemory);
+  RunWorkloadThroughTheFaultThenRecover(fault.call, fault.error, repeatedly,
+                                        Placement::kVirtualMemory);
   EXPECT_EQ(engine_->GetStats().vmm.lost_pages, 0);
 }
 
@@ -354,8 +355,7 @@ std::string CudaVmmMatrixName(const ::testing::TestParamInfo<CudaMatrixParam>& i
 }
 
 INSTANTIATE_TEST_SUITE_P(VmmCalls, CudaVmmFaultMatrix,
-                         ::testing::Combine(::testing::ValuesIn(kCudaVmmFaults),
-                                            ::testing::Bool()),
+                         ::testing::Combine(::testing::ValuesIn(kCudaVmmFaults), ::testing::Bool()),
                          CudaVmmMatrixName);
 
 TEST_F(CudaFaultTest, WorkloadNeedsNoErrorWithoutFaults) {

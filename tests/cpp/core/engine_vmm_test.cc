@@ -444,7 +444,8 @@ TEST_P(EngineVmmPageSizeTest, InvariantsHoldAfterEveryOperationOfARandomWorkload
   for (void* ptr : live) Release(ptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(LargePoolPages, EngineVmmPageSizeTest, ::testing::Values(kPage, kLargePage),
+INSTANTIATE_TEST_SUITE_P(LargePoolPages, EngineVmmPageSizeTest,
+                         ::testing::Values(kPage, kLargePage),
                          [](const ::testing::TestParamInfo<std::size_t>& info) {
                            return std::to_string(info.param >> 20) + "MiB";
                          });

@@ -41,7 +41,7 @@ class VmmSpaceTest : public ::testing::Test {
 
   // Live blocks per page, as the engine recounts them for Check.
   absl::flat_hash_map<std::uint64_t, std::int32_t> References(std::uintptr_t start,
-                                                             std::size_t size) const {
+                                                              std::size_t size) const {
     absl::flat_hash_map<std::uint64_t, std::int32_t> references;
     for (std::uint64_t page = space_.PageOf(start); page <= space_.PageOf(start + size - 1);
          ++page) {

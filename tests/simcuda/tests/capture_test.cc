@@ -39,14 +39,13 @@ class CaptureTest : public SimcudaTest {
 };
 
 TEST_F(CaptureTest, NothingIsCapturingByDefault) {
-  for (cudaStream_t s : {static_cast<cudaStream_t>(nullptr), cudaStreamLegacy,
-                         cudaStreamPerThread, stream_}) {
+  for (cudaStream_t s :
+       {static_cast<cudaStream_t>(nullptr), cudaStreamLegacy, cudaStreamPerThread, stream_}) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
     ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
     EXPECT_EQ(status, cudaStreamCaptureStatusNone);
     unsigned long long id = 1;
-    ASSERT_EQ(CaptureInfo(s, &status, &id),
-              cudaSuccess);
+    ASSERT_EQ(CaptureInfo(s, &status, &id), cudaSuccess);
     EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   }
 }
@@ -55,8 +54,7 @@ TEST_F(CaptureTest, MallocDuringGlobalCaptureFailsAndInvalidates) {
   ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
-  ASSERT_EQ(CaptureInfo(stream_, &status, &id),
-            cudaSuccess);
+  ASSERT_EQ(CaptureInfo(stream_, &status, &id), cudaSuccess);
   EXPECT_EQ(status, cudaStreamCaptureStatusActive);
   EXPECT_NE(id, 0u);
   void* p = nullptr;

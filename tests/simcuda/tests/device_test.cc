@@ -20,8 +20,8 @@ void __cudaUnregisterFatBinary(void** handle);
 void __cudaRegisterFunction(void** handle, const char* host_function, char* device_function,
                             const char* device_name, int thread_limit, uint3* tid, uint3* bid,
                             dim3* block_dim, dim3* grid_dim, int* warp_size);
-void __cudaRegisterVar(void** handle, char* host_var, char* device_address,
-                       const char* device_name, int ext, size_t size, int constant, int global);
+void __cudaRegisterVar(void** handle, char* host_var, char* device_address, const char* device_name,
+                       int ext, size_t size, int constant, int global);
 char __cudaInitModule(void** handle);
 unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared_memory,
                                      struct CUstream_st* stream);
@@ -134,8 +134,7 @@ TEST_F(DeviceTest, DriverEntryPointsComeFromTheFakeDriver) {
   EXPECT_EQ(active, 1);
 
   // Versioned names follow cuda.h: cuMemGetInfo is cuMemGetInfo_v2.
-  ASSERT_EQ(cudaGetDriverEntryPoint("cuMemGetInfo", &fn, cudaEnableDefault, &status),
-            cudaSuccess);
+  ASSERT_EQ(cudaGetDriverEntryPoint("cuMemGetInfo", &fn, cudaEnableDefault, &status), cudaSuccess);
   ASSERT_EQ(status, cudaDriverEntryPointSuccess);
   size_t free = 0, total = 0;
   EXPECT_EQ(reinterpret_cast<CUresult (*)(size_t*, size_t*)>(fn)(&free, &total), CUDA_SUCCESS);
@@ -148,8 +147,7 @@ TEST_F(DeviceTest, DriverEntryPointsComeFromTheFakeDriver) {
   EXPECT_EQ(reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, unsigned int)>(fn)(nullptr, 0, 0),
             CUDA_ERROR_NOT_SUPPORTED);
 
-  ASSERT_EQ(cudaGetDriverEntryPoint("cuNoSuchCall", &fn, cudaEnableDefault, &status),
-            cudaSuccess);
+  ASSERT_EQ(cudaGetDriverEntryPoint("cuNoSuchCall", &fn, cudaEnableDefault, &status), cudaSuccess);
   EXPECT_EQ(status, cudaDriverEntryPointSymbolNotFound);
   EXPECT_EQ(fn, nullptr);
 }

@@ -131,21 +131,23 @@ TEST_F(EventTest, StreamWaitEventCarriesDependencies) {
 TEST_F(EventTest, HostFunctionsRunWhenTheirWorkCompletes) {
   ASSERT_EQ(simcuda_set_event_mode(SIMCUDA_EVENT_MODE_MANUAL), 0);
   int runs = 0;
-  ASSERT_EQ(cudaLaunchHostFunc(stream_, [](void* n) { ++*static_cast<int*>(n); }, &runs),
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream_, [](void* n) { ++*static_cast<int*>(n); }, &runs),
             cudaSuccess);
   EXPECT_EQ(runs, 0);
   ASSERT_EQ(simcuda_complete_stream(stream_), 0);
   EXPECT_EQ(runs, 1);
   ASSERT_EQ(simcuda_set_event_mode(SIMCUDA_EVENT_MODE_IMMEDIATE), 0);
-  ASSERT_EQ(cudaLaunchHostFunc(stream_, [](void* n) { ++*static_cast<int*>(n); }, &runs),
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream_, [](void* n) { ++*static_cast<int*>(n); }, &runs),
             cudaSuccess);
   EXPECT_EQ(runs, 2);
 }
 
 TEST_F(EventTest, DefaultStreamHandles) {
   ASSERT_EQ(simcuda_set_event_mode(SIMCUDA_EVENT_MODE_MANUAL), 0);
-  for (cudaStream_t handle : {static_cast<cudaStream_t>(nullptr), cudaStreamLegacy,
-                              cudaStreamPerThread}) {
+  for (cudaStream_t handle :
+       {static_cast<cudaStream_t>(nullptr), cudaStreamLegacy, cudaStreamPerThread}) {
     ASSERT_EQ(cudaEventRecord(event_, handle), cudaSuccess);
     EXPECT_EQ(cudaEventQuery(event_), cudaErrorNotReady);
     ASSERT_EQ(simcuda_complete_stream(handle), 0);

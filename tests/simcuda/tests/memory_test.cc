@@ -147,8 +147,7 @@ TEST_F(MemoryTest, CopiesAndMemsetsMoveRealData) {
   EXPECT_EQ(back, std::vector<int>(kCount, 0));
 
   // A "device" pointer that is not device memory, or a range past the end.
-  EXPECT_EQ(cudaMemcpy(back.data(), host.data(), 4, cudaMemcpyHostToDevice),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(back.data(), host.data(), 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
   EXPECT_EQ(cudaMemcpy(back.data(), a, (kCount + 64) * sizeof(int), cudaMemcpyDeviceToHost),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaMemset(host.data(), 0, 4), cudaErrorInvalidValue);

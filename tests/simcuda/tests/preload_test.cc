@@ -33,9 +33,8 @@ TEST(PreloadTest, ProgramLinkedAgainstTheRealRuntimeRunsOnTheFake) {
 }
 
 TEST(PreloadTest, EnvironmentConfiguresTheDevice) {
-  const CommandResult r =
-      RunCommand("SIMCUDA_DEVICE_COUNT=2 SIMCUDA_MEMORY_BYTES=1G " + PreloadPrefix() +
-                 SIMCUDA_CUDART_CLIENT);
+  const CommandResult r = RunCommand("SIMCUDA_DEVICE_COUNT=2 SIMCUDA_MEMORY_BYTES=1G " +
+                                     PreloadPrefix() + SIMCUDA_CUDART_CLIENT);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("device_count=2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("total=1073741824"), std::string::npos) << r.output;
@@ -53,17 +52,15 @@ TEST(PreloadTest, TraceListsTheCallsMade) {
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
   close(fd);
-  const CommandResult r =
-      RunCommand(std::string("SIMCUDA_TRACE=") + path + " " + PreloadPrefix() +
-                 SIMCUDA_CUDART_CLIENT);
+  const CommandResult r = RunCommand(std::string("SIMCUDA_TRACE=") + path + " " + PreloadPrefix() +
+                                     SIMCUDA_CUDART_CLIENT);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream file(path);
   std::stringstream trace;
   trace << file.rdbuf();
   std::remove(path);
   EXPECT_NE(trace.str().find("runtime cudaMalloc 1\n"), std::string::npos) << trace.str();
-  EXPECT_NE(trace.str().find("runtime cudaGetDeviceCount 1\n"), std::string::npos)
-      << trace.str();
+  EXPECT_NE(trace.str().find("runtime cudaGetDeviceCount 1\n"), std::string::npos) << trace.str();
 }
 
 TEST(PreloadTest, NvccBuiltKernelLaunchRunsOnTheFake) {

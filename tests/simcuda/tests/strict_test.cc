@@ -29,8 +29,8 @@ Fn Driver(const char* name) {
 }
 
 CUresult PrimaryCtxGetState(int device, unsigned int* flags, int* active) {
-  return Driver<decltype(&cuDevicePrimaryCtxGetState)>("cuDevicePrimaryCtxGetState")(
-      device, flags, active);
+  return Driver<decltype(&cuDevicePrimaryCtxGetState)>("cuDevicePrimaryCtxGetState")(device, flags,
+                                                                                     active);
 }
 
 CUresult PrimaryCtxRetain(CUcontext* context, int device) {

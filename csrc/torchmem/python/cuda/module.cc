@@ -15,7 +15,6 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "torchmem/core/shared_library.h"
-#include "torchmem/torch/torch_version.h"
 #include "torchmem/torch/cuda/alloc_config.h"
 #include "torchmem/torch/cuda/cuda_allocator.h"
 #include "torchmem/torch/cuda/cuda_engines.h"
@@ -23,12 +22,14 @@
 #include "torchmem/torch/cuda/pluggable_entry_points.h"
 #include "torchmem/torch/cuda/trace_tracker_recorder.h"
 #include "torchmem/torch/cuda/traceback_contexts.h"
+#include "torchmem/torch/torch_version.h"
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C_cuda, m) {
-  m.doc() = "torchmem's CUDA allocator for PyTorch (use torchmem.install() or "
-            "torchmem.cuda_allocator())";
+  m.doc() =
+      "torchmem's CUDA allocator for PyTorch (use torchmem.install() or "
+      "torchmem.cuda_allocator())";
   if (torchmem::SharedLibraryFingerprint() != torchmem::CompiledInterfaceFingerprint()) {
     throw std::runtime_error(
         "torchmem._C_cuda was built against a different libtorchmem.so than the one in "
@@ -62,8 +63,8 @@ PYBIND11_MODULE(_C_cuda, m) {
       "base_allocation",
       [](std::uintptr_t ptr) {
         std::size_t size = 0;
-        void* base = c10::cuda::CUDACachingAllocator::getBaseAllocation(
-            reinterpret_cast<void*>(ptr), &size);
+        void* base =
+            c10::cuda::CUDACachingAllocator::getBaseAllocation(reinterpret_cast<void*>(ptr), &size);
         return py::make_tuple(reinterpret_cast<std::uintptr_t>(base), size);
       },
       py::arg("ptr"),
@@ -85,8 +86,8 @@ PYBIND11_MODULE(_C_cuda, m) {
         d["reset"] = py::make_tuple("torchmem_cuda_reset", address(&torchmem_cuda_reset));
         d["memory_fraction"] = py::make_tuple("torchmem_cuda_set_memory_fraction",
                                               address(&torchmem_cuda_set_memory_fraction));
-        d["record_stream"] = py::make_tuple("torchmem_cuda_record_stream",
-                                            address(&torchmem_cuda_record_stream));
+        d["record_stream"] =
+            py::make_tuple("torchmem_cuda_record_stream", address(&torchmem_cuda_record_stream));
         d["base_allocation"] = py::make_tuple("torchmem_cuda_base_allocation",
                                               address(&torchmem_cuda_base_allocation));
         return d;

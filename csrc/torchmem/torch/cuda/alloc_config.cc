@@ -48,8 +48,9 @@ bool IsTrue(const std::string& value) { return value == "True" || value == "true
 // allocator (which torchmem leaves in place).
 bool HandledKey(std::string_view key) {
   static const std::set<std::string_view> kHonoured = {
-      "max_split_size_mb",    "max_non_split_rounding_mb",   "roundup_power2_divisions",
-      "garbage_collection_threshold", "per_process_memory_fraction", "large_segment_size_mb",
+      "max_split_size_mb",           "max_non_split_rounding_mb",
+      "roundup_power2_divisions",    "garbage_collection_threshold",
+      "per_process_memory_fraction", "large_segment_size_mb",
       "expandable_segments"};
   return kHonoured.contains(key) || key.starts_with("pinned_");
 }
@@ -69,20 +70,23 @@ void WarnOnce(const std::string& what, const std::string& message) {
 
 std::vector<std::string> UnimplementedSettings() {
   std::vector<std::string> found;
-  for (const auto& [key, value] : ParseKeys(AcceleratorAllocatorConfig::last_allocator_settings())) {
+  for (const auto& [key, value] :
+       ParseKeys(AcceleratorAllocatorConfig::last_allocator_settings())) {
     if (HandledKey(key)) continue;
     if (key == "backend") {
       if (value != "native") {
         found.push_back(absl::StrCat(
-            "backend:", value, " asks for another CUDA allocator, but torchmem is installed as "
+            "backend:", value,
+            " asks for another CUDA allocator, but torchmem is installed as "
             "PyTorch's CUDA allocator and serves every CUDA allocation; remove the key, or do not "
             "install torchmem for CUDA"));
       }
     } else if (key == "release_lock_on_cudamalloc" || key == "release_lock_on_hipmalloc") {
       if (IsTrue(value)) {
-        found.push_back(absl::StrCat(
-            key, ":True is not implemented by torchmem: its engine keeps its lock while "
-            "cudaMalloc runs (allocations on other threads wait meanwhile)"));
+        found.push_back(
+            absl::StrCat(key,
+                         ":True is not implemented by torchmem: its engine keeps its lock while "
+                         "cudaMalloc runs (allocations on other threads wait meanwhile)"));
       }
     } else if (key == "graph_capture_record_stream_reuse") {
       if (IsTrue(value)) {
@@ -99,9 +103,10 @@ std::vector<std::string> UnimplementedSettings() {
             "its cache), not before");
       }
     } else {
-      found.push_back(absl::StrCat(
-          key, " is a setting torchmem does not know; it has no effect on torchmem's CUDA "
-          "allocations"));
+      found.push_back(
+          absl::StrCat(key,
+                       " is a setting torchmem does not know; it has no effect on torchmem's CUDA "
+                       "allocations"));
     }
   }
   return found;
@@ -112,7 +117,8 @@ CudaAllocSettings ReadCudaAllocSettings() {
   SizePolicy& policy = settings.policy;
   policy.max_split_size = AcceleratorAllocatorConfig::max_split_size();
   policy.max_non_split_rounding = AcceleratorAllocatorConfig::max_non_split_rounding_size();
-  const std::vector<std::size_t>& divisions = AcceleratorAllocatorConfig::roundup_power2_divisions();
+  const std::vector<std::size_t>& divisions =
+      AcceleratorAllocatorConfig::roundup_power2_divisions();
   for (std::size_t i = 0; i < policy.roundup_power2_divisions.size() && i < divisions.size(); ++i) {
     policy.roundup_power2_divisions[i] = divisions[i];
   }
@@ -137,10 +143,12 @@ CudaAllocSettings ReadCudaAllocSettings() {
   if (absl::Status valid = policy.Validate(); !valid.ok()) {
     WarnOnce(std::string(valid.message()),
              absl::StrCat("torchmem: PYTORCH_CUDA_ALLOC_CONF gives a size policy torchmem cannot "
-                          "use (", valid.message(), "); torchmem keeps PyTorch's defaults"));
+                          "use (",
+                          valid.message(), "); torchmem keeps PyTorch's defaults"));
     policy = SizePolicy::PyTorchDefault();
   }
-  settings.garbage_collection_threshold = AcceleratorAllocatorConfig::garbage_collection_threshold();
+  settings.garbage_collection_threshold =
+      AcceleratorAllocatorConfig::garbage_collection_threshold();
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // per_process_memory_fraction arrived in 2.10
   settings.per_process_memory_fraction = CUDAAllocatorConfig::per_process_memory_fraction();
 #endif
@@ -149,7 +157,8 @@ CudaAllocSettings ReadCudaAllocSettings() {
   // in an extension, and would say false with a warning.
   settings.expandable_segments = AcceleratorAllocatorConfig::use_expandable_segments();
   const char* uncached = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
-  settings.caching_disabled = uncached != nullptr && *uncached != '\0' && std::string_view(uncached) != "0";
+  settings.caching_disabled =
+      uncached != nullptr && *uncached != '\0' && std::string_view(uncached) != "0";
   if (settings.caching_disabled) {
     WarnOnce("PYTORCH_NO_CUDA_MEMORY_CACHING",
              "torchmem: PYTORCH_NO_CUDA_MEMORY_CACHING is set, so CUDA allocations go straight to "

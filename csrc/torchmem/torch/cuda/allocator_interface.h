@@ -64,9 +64,8 @@ using TorchTraceStream = decltype(cca::TraceEntry::stream_);
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 12)
 using OomRejectionObserver = cca::OomRejectionObserver;
 #else
-using OomRejectionObserver =
-    std::function<void(int64_t device, size_t alloc_size, size_t total_allocated,
-                       size_t device_total)>;
+using OomRejectionObserver = std::function<void(int64_t device, size_t alloc_size,
+                                                size_t total_allocated, size_t device_total)>;
 #endif
 
 class CudaAllocatorAdapter : public cca::CUDAAllocator {
@@ -109,8 +108,7 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
                           std::shared_ptr<cca::CUDAAllocator> allocator) final {
     CreateOrIncrefPoolOf(device, mempool_id, std::move(allocator));
   }
-  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                   bool use_on_oom) final {
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) final {
     SetUseOnOom(device, mempool_id, use_on_oom);
   }
 #else  // 2.9, 2.10
@@ -136,8 +134,7 @@ class CudaAllocatorAdapter : public cca::CUDAAllocator {
 #endif
 
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)
-  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(
-      c10::DeviceIndex device) final {
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) final {
     return ExpandableSegmentSizes(device);
   }
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) final {

@@ -51,9 +51,7 @@ std::string FormatSizeLikePyTorch(std::uint64_t size) {
 }
 
 // Engine warnings reach Python's warnings module through PyTorch.
-void WarnThroughTorch(absl::string_view message) {
-  TORCH_WARN("torchmem: ", std::string(message));
-}
+void WarnThroughTorch(absl::string_view message) { TORCH_WARN("torchmem: ", std::string(message)); }
 
 void ConfigureNewEngineTrampoline(int device, Engine& engine) {
   AllocatorImpl().ConfigureNewEngine(device, engine);
@@ -116,8 +114,8 @@ namespace {
 // Never destroyed: PyTorch's tensors keep our deleter and may die during
 // static destruction.
 const std::shared_ptr<TorchmemCudaAllocatorImpl>& SharedAllocator() {
-  static auto* allocator = new std::shared_ptr<TorchmemCudaAllocatorImpl>(
-      std::make_shared<TorchmemCudaAllocatorImpl>());
+  static auto* allocator =
+      new std::shared_ptr<TorchmemCudaAllocatorImpl>(std::make_shared<TorchmemCudaAllocatorImpl>());
   return *allocator;
 }
 
@@ -241,8 +239,8 @@ c10::DataPtr TorchmemCudaAllocatorImpl::allocate(size_t size) {
 }
 
 c10::DeleterFnPtr TorchmemCudaAllocatorImpl::raw_deleter() const {
-  const bool uncached =
-      caching_disabled_.load(std::memory_order_relaxed) || !enabled_.load(std::memory_order_relaxed);
+  const bool uncached = caching_disabled_.load(std::memory_order_relaxed) ||
+                        !enabled_.load(std::memory_order_relaxed);
   return uncached ? &RawDeleteUncached : &RawDeleteCached;
 }
 
@@ -284,14 +282,14 @@ void TorchmemCudaAllocatorImpl::raw_delete(void* ptr) {
               " (torchmem's CUDA engines did not allocate it)");
 }
 
-void* TorchmemCudaAllocatorImpl::Malloc(c10::DeviceIndex device, size_t size,
-                                        cudaStream_t stream) {
+void* TorchmemCudaAllocatorImpl::Malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
   Engine& engine = EngineOf(device);
   absl::StatusOr<void*> ptr = engine.Allocate(size, reinterpret_cast<StreamId>(stream));
   if (ABSL_PREDICT_TRUE(ptr.ok())) {
     if (ABSL_PREDICT_FALSE(c10::memoryProfilingEnabled()) && *ptr != nullptr) {
       absl::StatusOr<BlockInfo> block = engine.GetBlock(*ptr);
-      if (block.ok()) ReportToProfiler(device, engine, *ptr, static_cast<std::int64_t>(block->size));
+      if (block.ok())
+        ReportToProfiler(device, engine, *ptr, static_cast<std::int64_t>(block->size));
     }
     return *ptr;
   }
@@ -324,21 +322,21 @@ void TorchmemCudaAllocatorImpl::ThrowAllocationFailure(c10::DeviceIndex device, 
   }
   const MemoryStats stats = engine.GetStats();
   const std::int64_t private_free = engine.PrivatePoolFreeBytes();
-  TORCH_CHECK_WITH(
-      OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
-      FormatSizeLikePyTorch(alloc_size), ". GPU ", static_cast<int>(device),
-      " has a total capacity of ", FormatSizeLikePyTorch(device_total), " of which ",
-      FormatSizeLikePyTorch(device_free), " is free. ",
-      limit != 0 ? FormatSizeLikePyTorch(limit) + " allowed; " : std::string(),
-      "Of the allocated memory ", FormatSizeLikePyTorch(stats.allocated_bytes.all().current),
-      " is allocated by PyTorch, ",
-      private_free > 0 ? "with " + FormatSizeLikePyTorch(private_free) +
-                             " cached in private pools (e.g., CUDA Graphs), "
-                       : std::string(),
-      "and ",
-      FormatSizeLikePyTorch(stats.reserved_bytes.all().current -
-                            stats.allocated_bytes.all().current),
-      " is reserved by PyTorch but unallocated (allocator: torchmem).\n", message);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
+                   FormatSizeLikePyTorch(alloc_size), ". GPU ", static_cast<int>(device),
+                   " has a total capacity of ", FormatSizeLikePyTorch(device_total), " of which ",
+                   FormatSizeLikePyTorch(device_free), " is free. ",
+                   limit != 0 ? FormatSizeLikePyTorch(limit) + " allowed; " : std::string(),
+                   "Of the allocated memory ",
+                   FormatSizeLikePyTorch(stats.allocated_bytes.all().current),
+                   " is allocated by PyTorch, ",
+                   private_free > 0 ? "with " + FormatSizeLikePyTorch(private_free) +
+                                          " cached in private pools (e.g., CUDA Graphs), "
+                                    : std::string(),
+                   "and ",
+                   FormatSizeLikePyTorch(stats.reserved_bytes.all().current -
+                                         stats.allocated_bytes.all().current),
+                   " is reserved by PyTorch but unallocated (allocator: torchmem).\n", message);
 }
 
 void TorchmemCudaAllocatorImpl::copy_data(void* dest, const void* src, std::size_t count) const {
@@ -433,10 +431,9 @@ void TorchmemCudaAllocatorImpl::recordStream(const c10::DataPtr& ptr,
     // A stream of another device keeps its device: every device's default
     // stream is the same handle, and the event waiting for it must be
     // recorded on that device (cuda_streams.h).
-    const StreamId stream_id =
-        stream.device_index() == device
-            ? reinterpret_cast<StreamId>(stream.stream())
-            : ForeignStreamId(stream.device_index(), stream.stream());
+    const StreamId stream_id = stream.device_index() == device
+                                   ? reinterpret_cast<StreamId>(stream.stream())
+                                   : ForeignStreamId(stream.device_index(), stream.stream());
     absl::Status recorded = engine->RecordStream(ptr.get(), stream_id);
     TORCH_CHECK(recorded.ok(), std::string(recorded.message()));
     return;
@@ -522,8 +519,7 @@ void TorchmemCudaAllocatorImpl::endAllocateToPool(c10::DeviceIndex device,
   CheckPoolStatus(EngineOf(device).EndAllocateToPool(ToPoolId(mempool_id)));
 }
 
-void TorchmemCudaAllocatorImpl::releasePool(c10::DeviceIndex device,
-                                            c10::MempoolId_t mempool_id) {
+void TorchmemCudaAllocatorImpl::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
   CheckPoolStatus(EngineOf(device).ReleasePool(ToPoolId(mempool_id)));
 }
 
@@ -534,9 +530,8 @@ int TorchmemCudaAllocatorImpl::getPoolUseCount(c10::DeviceIndex device,
   return *count;
 }
 
-void TorchmemCudaAllocatorImpl::CreateOrIncrefPoolOf(c10::DeviceIndex device,
-                                                     c10::MempoolId_t pool,
-                                                     std::shared_ptr<cca::CUDAAllocator> allocator) {
+void TorchmemCudaAllocatorImpl::CreateOrIncrefPoolOf(
+    c10::DeviceIndex device, c10::MempoolId_t pool, std::shared_ptr<cca::CUDAAllocator> allocator) {
   // The pool's segments come from its own allocator (NCCL's ncclMemAlloc,
   // a CUDAPluggableAllocator); torchmem places and accounts the blocks.
   // torchmem itself as the pool's allocator would re-enter the engine from
@@ -553,8 +548,7 @@ void TorchmemCudaAllocatorImpl::SetUseOnOom(c10::DeviceIndex device, c10::Mempoo
   CheckPoolStatus(EngineOf(device).SetPoolUseOnOom(ToPoolId(pool), use_on_oom));
 }
 
-void TorchmemCudaAllocatorImpl::SetNoSplit(c10::DeviceIndex device,
-                                           c10::MempoolId_t mempool_id) {
+void TorchmemCudaAllocatorImpl::SetNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
   CheckPoolStatus(EngineOf(device).SetPoolNoSplit(ToPoolId(mempool_id)));
 }
 
@@ -562,7 +556,8 @@ bool TorchmemCudaAllocatorImpl::checkPoolLiveAllocations(
     c10::DeviceIndex device, c10::MempoolId_t mempool_id,
     const std::unordered_set<void*>& expected_live_allocations) {
   absl::flat_hash_set<std::uintptr_t> expected;
-  for (void* ptr : expected_live_allocations) expected.insert(reinterpret_cast<std::uintptr_t>(ptr));
+  for (void* ptr : expected_live_allocations)
+    expected.insert(reinterpret_cast<std::uintptr_t>(ptr));
   absl::StatusOr<bool> matches =
       EngineOf(device).CheckPoolLiveAllocations(ToPoolId(mempool_id), expected);
   CheckPoolStatus(matches.status());

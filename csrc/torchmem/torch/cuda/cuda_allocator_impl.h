@@ -68,8 +68,8 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
 #endif
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
   void EmptyCacheOf(c10::MempoolId_t pool) override;
-  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
-                          size_t count, cudaStream_t stream, bool p2p_enabled) override;
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override;
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
 
   // --- statistics, snapshots, history (cuda_allocator_reports.cc) -----------
@@ -104,8 +104,9 @@ class TorchmemCudaAllocatorImpl final : public CudaAllocatorAdapter {
                             std::shared_ptr<cca::CUDAAllocator> allocator) override;
   void SetUseOnOom(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override;
   void SetNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
-  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                                const std::unordered_set<void*>& expected_live_allocations) override;
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override;
   void MarkCapture(c10::DeviceIndex device, bool begins) override;
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
                                                           c10::MempoolId_t id) override;

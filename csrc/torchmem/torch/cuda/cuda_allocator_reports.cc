@@ -91,8 +91,8 @@ cca::TraceEntry ToTorch(const TraceEntry& entry, int device,
   std::string compile_context = entry.compile_context != kNoTraceLabel
                                     ? TraceLabelText(entry.compile_context)
                                     : std::string("N/A");
-  cca::TraceEntry out(ToTorch(entry.action), static_cast<c10::DeviceIndex>(device),
-                      entry.address, entry.size, reinterpret_cast<TorchTraceStream>(entry.stream),
+  cca::TraceEntry out(ToTorch(entry.action), static_cast<c10::DeviceIndex>(device), entry.address,
+                      entry.size, reinterpret_cast<TorchTraceStream>(entry.stream),
                       ToMempoolId(entry.pool), /*time=*/0, std::move(context),
                       std::move(compile_context)
 #if TORCHMEM_TORCH_VERSION_AT_LEAST(2, 10)  // user metadata arrived in 2.10
@@ -122,7 +122,8 @@ cca::SegmentInfo ToTorch(const SegmentInfo& segment, int device, c10::MempoolId_
   out.is_expandable = segment.vmm;
   // As PyTorch: a snapshot of one pool names it; a full snapshot names each.
   const bool whole = asked.first == 0 && asked.second == 0;
-  if (whole || ToPoolId(asked) == segment.owner) out.owner_private_pool_id = ToMempoolId(segment.owner);
+  if (whole || ToPoolId(asked) == segment.owner)
+    out.owner_private_pool_id = ToMempoolId(segment.owner);
   if (with_contexts) out.context_when_allocated = contexts.Get(segment.context);
   std::size_t blocks = segment.blocks.size();
   // As PyTorch shows an expandable segment: up to the end of its last used
@@ -133,8 +134,8 @@ cca::SegmentInfo ToTorch(const SegmentInfo& segment, int device, c10::MempoolId_
     const BlockInfo& block = segment.blocks[i];
     cca::BlockInfo info;
     info.size = block.size;
-    info.requested_size = block.state == BlockState::kFree ? block.last_requested_size
-                                                           : block.requested_size;
+    info.requested_size =
+        block.state == BlockState::kFree ? block.last_requested_size : block.requested_size;
     info.allocated = block.state == BlockState::kAllocated;
     info.active = block.state != BlockState::kFree;
     if (with_contexts && info.active) info.context_when_allocated = contexts.Get(block.context);
@@ -236,10 +237,9 @@ cca::SnapshotInfo TorchmemCudaAllocatorImpl::TakeSnapshot(c10::MempoolId_t pool,
     }
     engine->RecordSnapshotEvent();
   }
-  std::sort(result.segments.begin(), result.segments.end(),
-            [](const cca::SegmentInfo& a, const cca::SegmentInfo& b) {
-              return a.address < b.address;
-            });
+  std::sort(
+      result.segments.begin(), result.segments.end(),
+      [](const cca::SegmentInfo& a, const cca::SegmentInfo& b) { return a.address < b.address; });
   result.external_annotations = std::move(annotations);
 
   cca::AllocatorConfigInfo& config = result.config_metadata;

@@ -144,7 +144,8 @@ ContextId CaptureWithTorchFrames() {
     key.cpp = torch::unwind::unwind();
   } else {
     std::vector<torch::jit::StackEntry> script = torch::jit::currentCallstack();
-    if (script.empty()) return key.python_stack;  // outside TorchScript: the Python stack says it all
+    if (script.empty())
+      return key.python_stack;  // outside TorchScript: the Python stack says it all
     key.script.reserve(script.size());
     for (const torch::jit::StackEntry& entry : script) {
       key.script.push_back(ScriptFrame{entry.filename, entry.range.source().get(),

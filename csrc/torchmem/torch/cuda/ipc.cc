@@ -81,8 +81,8 @@ cca::ShareableHandle TorchmemCudaAllocatorImpl::shareIpcHandle(void* ptr) {
     shared[0] = kShareableHandleVersion;
     shared[1] = kShareableCudaMalloc;
     std::memcpy(shared.data() + 2, &handle, CUDA_IPC_HANDLE_SIZE);
-    return cca::ShareableHandle{
-        static_cast<ptrdiff_t>(block->address - segment->address), std::move(shared)};
+    return cca::ShareableHandle{static_cast<ptrdiff_t>(block->address - segment->address),
+                                std::move(shared)};
   }
   TORCH_CHECK(false, "invalid device pointer: ", ptr,
               " (torchmem shares only blocks its CUDA engines allocated)");
@@ -92,8 +92,8 @@ namespace {
 
 // The mapping of a cudaMalloc'd region another process shared ('c').
 std::shared_ptr<void> OpenCudaMallocHandle(const std::string& handle, c10::DeviceIndex device) {
-  TORCH_CHECK(handle.size() == 2 + CUDA_IPC_HANDLE_SIZE,
-              "torchmem: malformed CUDA IPC handle (", handle.size(), " bytes)");
+  TORCH_CHECK(handle.size() == 2 + CUDA_IPC_HANDLE_SIZE, "torchmem: malformed CUDA IPC handle (",
+              handle.size(), " bytes)");
   cudaIpcMemHandle_t ipc;
   std::memcpy(&ipc, handle.data() + 2, CUDA_IPC_HANDLE_SIZE);
   void* ptr = nullptr;
@@ -121,10 +121,9 @@ std::shared_ptr<void> TorchmemCudaAllocatorImpl::getIpcDevPtr(std::string handle
               "torchmem: unknown CUDA IPC handle type '", handle[1], "'");
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-  std::shared_ptr<void> mapping =
-      handle[1] == kShareableCudaMalloc
-          ? OpenCudaMallocHandle(handle, device)
-          : OpenExpandableHandle(handle.substr(2), handle[0], device);
+  std::shared_ptr<void> mapping = handle[1] == kShareableCudaMalloc
+                                      ? OpenCudaMallocHandle(handle, device)
+                                      : OpenExpandableHandle(handle.substr(2), handle[0], device);
   void* ptr = mapping.get();
   std::shared_ptr<void> users(ptr, [handle, mapping](void*) mutable {
     {

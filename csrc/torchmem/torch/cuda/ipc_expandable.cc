@@ -14,8 +14,8 @@
 
 #include "torchmem/backends/cuda_backend.h"
 #include "torchmem/backends/cuda_driver.h"
-#include "torchmem/torch/cuda/cuda_engines.h"
 #include "torchmem/torch/cuda/cuda_allocator_impl.h"
+#include "torchmem/torch/cuda/cuda_engines.h"
 
 // Older C libraries lack the names; the kernel has the calls since 5.6.
 #ifndef SYS_pidfd_open
@@ -45,8 +45,10 @@ T Get(const std::string& in, std::size_t at) {
 
 const CudaDriver& Driver() {
   absl::StatusOr<const CudaDriver*> driver = GetCudaDriver();
-  TORCH_CHECK(driver.ok(), "torchmem: CUDA IPC of expandable segments needs the driver's virtual "
-              "memory API: ", std::string(driver.status().message()));
+  TORCH_CHECK(driver.ok(),
+              "torchmem: CUDA IPC of expandable segments needs the driver's virtual "
+              "memory API: ",
+              std::string(driver.status().message()));
   return **driver;
 }
 

@@ -25,14 +25,14 @@ class PoolAllocatorSource final : public SegmentSource {
     try {
       ptr = allocator_->raw_alloc_with_stream(size, reinterpret_cast<cudaStream_t>(stream));
     } catch (const std::exception& error) {
-      return absl::InternalError(
-          absl::StrCat("the MemPool's allocator (", allocator_->name(), ") failed: ", error.what()));
+      return absl::InternalError(absl::StrCat("the MemPool's allocator (", allocator_->name(),
+                                              ") failed: ", error.what()));
     }
     // PyTorch reads a null pointer as the pool's allocator being out of memory.
     if (ptr == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "the MemPool's allocator (%s) returned no memory for %d bytes", allocator_->name(),
-          size));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("the MemPool's allocator (%s) returned no memory for %d bytes",
+                          allocator_->name(), size));
     }
     const auto address = reinterpret_cast<std::uintptr_t>(ptr);
     RegisterCudaAddressRange(address, size, device_);

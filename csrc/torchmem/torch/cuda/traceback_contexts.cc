@@ -145,8 +145,7 @@ std::shared_ptr<c10::GatheredContext> GatherWithPythonStack(ContextId python_sta
   // An empty handover when there is no Python stack (a thread Python never
   // ran on): the context then has C++ and TorchScript frames only.
   if (!ResolveContextFrames(python_stack, &captured)) captured.clear();
-  std::shared_ptr<c10::GatheredContext> context =
-      GatherHandingOver(captured, /*script=*/true, cpp);
+  std::shared_ptr<c10::GatheredContext> context = GatherHandingOver(captured, /*script=*/true, cpp);
   PyGILState_Release(gil);
   return context;
 }

@@ -141,8 +141,7 @@ void ClearFaults() {
 }
 
 bool ArmFaultsFromSpec(const char* spec, bool (*accept)(const std::string&),
-                       int (*error_by_name)(const std::string&),
-                       int default_error) {
+                       int (*error_by_name)(const std::string&), int default_error) {
   // Grammar: rule (';' | ',') rule ...; rule = name (':' key '=' value)*;
   // keys: nth=N (fail the Nth call from now), next=K (fail the next K calls),
   // skip=S and count=C (general form), error=CODE|NAME.
@@ -244,12 +243,20 @@ bool ParseBytes(const char* text, uint64_t* bytes) {
   std::string unit(end);
   unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
   for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1.0},          {"B", 1.0},
-      {"K", 1024.0},      {"KB", 1024.0},      {"KIB", 1024.0},
-      {"M", 1048576.0},   {"MB", 1048576.0},   {"MIB", 1048576.0},
-      {"G", 1073741824.0}, {"GB", 1073741824.0}, {"GIB", 1073741824.0},
-      {"T", 1099511627776.0}, {"TB", 1099511627776.0}, {"TIB", 1099511627776.0}};
+  static const std::pair<const char*, double> kUnits[] = {{"", 1.0},
+                                                          {"B", 1.0},
+                                                          {"K", 1024.0},
+                                                          {"KB", 1024.0},
+                                                          {"KIB", 1024.0},
+                                                          {"M", 1048576.0},
+                                                          {"MB", 1048576.0},
+                                                          {"MIB", 1048576.0},
+                                                          {"G", 1073741824.0},
+                                                          {"GB", 1073741824.0},
+                                                          {"GIB", 1073741824.0},
+                                                          {"T", 1099511627776.0},
+                                                          {"TB", 1099511627776.0},
+                                                          {"TIB", 1099511627776.0}};
   for (const auto& u : kUnits) {
     if (unit == u.first) {
       *bytes = static_cast<uint64_t>(value * u.second);

@@ -74,8 +74,7 @@ void ClearFaults();
 // (and prints why) on a malformed spec. `error_by_name` maps an error
 // identifier such as cudaErrorMemoryAllocation to its code (-1 if unknown).
 bool ArmFaultsFromSpec(const char* spec, bool (*accept)(const std::string&),
-                       int (*error_by_name)(const std::string&),
-                       int default_error);
+                       int (*error_by_name)(const std::string&), int default_error);
 
 // Driver calls are named cu* but not cuda*; everything else is the runtime's.
 bool IsDriverCallName(const std::string& name);

@@ -104,11 +104,16 @@ bool ParseDurationNs(const std::string& text, uint64_t* ns) {
   if (end == text.c_str() || value < 0) return false;
   const std::string unit(end);
   double scale = 0;
-  if (unit.empty() || unit == "ns") scale = 1;
-  else if (unit == "us") scale = 1e3;
-  else if (unit == "ms") scale = 1e6;
-  else if (unit == "s") scale = 1e9;
-  else return false;
+  if (unit.empty() || unit == "ns")
+    scale = 1;
+  else if (unit == "us")
+    scale = 1e3;
+  else if (unit == "ms")
+    scale = 1e6;
+  else if (unit == "s")
+    scale = 1e9;
+  else
+    return false;
   *ns = static_cast<uint64_t>(value * scale + 0.5);
   return true;
 }

@@ -19,8 +19,8 @@
 namespace simcuda {
 
 struct CallCost {
-  uint64_t ns = 0;            // modelled time of one call; 0: not charged
-  bool synchronizing = false; // the call waits for work on the GPU
+  uint64_t ns = 0;             // modelled time of one call; 0: not charged
+  bool synchronizing = false;  // the call waits for work on the GPU
 };
 
 // The cost of `name`: SIMCUDA_COSTS if it names the call, else the default.

@@ -38,9 +38,7 @@ void simcuda_driver_clear_faults(void) { simcuda::ClearFaults(); }
 
 int simcuda_driver_error_code(const char* name) { return DriverErrorByName(name); }
 
-unsigned long long simcuda_driver_call_count(const char* call) {
-  return simcuda::CallCount(call);
-}
+unsigned long long simcuda_driver_call_count(const char* call) { return simcuda::CallCount(call); }
 
 void simcuda_driver_reset_call_counts(void) { simcuda::ResetCallCounts(); }
 

@@ -176,7 +176,7 @@ CUresult VirtualMemory::Create(size_t size, const CUmemAllocationProp& prop,
   a.device = device;
   a.fd = fd;
   a.prop = prop;
-  a.prop.allocFlags.compressionType = 0;       // no compressible memory here
+  a.prop.allocFlags.compressionType = 0;  // no compressible memory here
   a.charged = true;
   std::lock_guard<std::mutex> lock(mu_);
   *out = next_handle_++;

@@ -54,7 +54,7 @@ struct VmmCounts {
   uint64_t allocated_bytes = 0;
   uint64_t mappings = 0;
   uint64_t mapped_bytes = 0;
-  uint64_t accessible_bytes = 0;  // mapped bytes some device may read
+  uint64_t accessible_bytes = 0;          // mapped bytes some device may read
   uint64_t rdma_capable_allocations = 0;  // live ones created gpuDirectRDMACapable
 };
 

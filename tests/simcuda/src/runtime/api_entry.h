@@ -19,9 +19,7 @@ namespace rt {
 // status, not an error, and is not recorded) and returns it.
 cudaError_t Fail(cudaError_t error);
 
-inline cudaError_t Result(cudaError_t error) {
-  return error == cudaSuccess ? error : Fail(error);
-}
+inline cudaError_t Result(cudaError_t error) { return error == cudaSuccess ? error : Fail(error); }
 
 // Body of every generated stub: notice on stderr once, cudaErrorNotSupported.
 cudaError_t Unsupported(CallSite* site);
@@ -40,15 +38,15 @@ cudaStreamCaptureMode ThreadCaptureMode();
 }  // namespace rt
 }  // namespace simcuda
 
-#define SIMCUDA_ENTER_NAMED(name)                                               \
+#define SIMCUDA_ENTER_NAMED(name)                                                 \
   static ::simcuda::CallSite* const simcuda_site = ::simcuda::RegisterCall(name); \
-  if (const int simcuda_fault = simcuda_site->Hit())                            \
+  if (const int simcuda_fault = simcuda_site->Hit())                              \
   return ::simcuda::rt::Fail(static_cast<cudaError_t>(simcuda_fault))
 
 #define SIMCUDA_ENTER() SIMCUDA_ENTER_NAMED(__func__)
 
 // For the few entry points that do not return cudaError_t: counted only.
-#define SIMCUDA_COUNT()                                                           \
+#define SIMCUDA_COUNT()                                                               \
   static ::simcuda::CallSite* const simcuda_site = ::simcuda::RegisterCall(__func__); \
   simcuda_site->count.fetch_add(1, std::memory_order_relaxed)
 

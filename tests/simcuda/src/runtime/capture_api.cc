@@ -48,8 +48,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   SIMCUDA_ENTER();
   if (status == nullptr) return Result(cudaErrorInvalidValue);
-  return Result(
-      Machine::Get().CaptureStatus(stream, CurrentDevice(), status, nullptr, nullptr));
+  return Result(Machine::Get().CaptureStatus(stream, CurrentDevice(), status, nullptr, nullptr));
 }
 
 // Capture info and dependency updates: the dependency list of a simulated
@@ -86,8 +85,7 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
   return CaptureInfo(stream, status, id, graph, dependencies, edge_data, num_dependencies);
 }
 
-cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
-                                                cudaGraphNode_t* dependencies,
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNode_t* dependencies,
                                                 const cudaGraphEdgeData* dependency_data,
                                                 size_t num_dependencies, unsigned int flags) {
   SIMCUDA_ENTER();
@@ -113,8 +111,7 @@ cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t stream, cudaStreamCaptureSt
   return CaptureInfo(stream, status, id, graph, dependencies, edge_data, num_dependencies);
 }
 
-cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
-                                                cudaGraphNode_t* dependencies,
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNode_t* dependencies,
                                                 size_t num_dependencies, unsigned int flags) {
   SIMCUDA_ENTER();
   return UpdateCaptureDependencies(stream);

@@ -156,8 +156,8 @@ unsigned long long simcuda_synchronizing_calls(void) {
 int simcuda_set_call_cost(const char* call, unsigned long long ns) {
   if (call == nullptr) return cudaErrorInvalidValue;
   if (simcuda::IsDriverCallName(call)) {
-    auto set = DriverControl<void (*)(const char*, unsigned long long)>(
-        "simcuda_driver_set_call_cost");
+    auto set =
+        DriverControl<void (*)(const char*, unsigned long long)>("simcuda_driver_set_call_cost");
     if (set == nullptr) return cudaErrorNotSupported;
     set(call, ns);
     return cudaSuccess;

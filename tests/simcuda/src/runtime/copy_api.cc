@@ -36,7 +36,8 @@ cudaError_t CheckSpans(void* dst, size_t dst_span, const void* src, size_t src_s
                        cudaMemcpyKind kind, int dst_accessor, int src_accessor) {
   if (dst_span == 0 && src_span == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
+    return cudaErrorInvalidMemcpyDirection;
   Machine& m = Machine::Get();
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
@@ -63,8 +64,7 @@ cudaError_t Check2D(void* dst, size_t dpitch, const void* src, size_t spitch, si
                     CurrentDevice(), CurrentDevice());
 }
 
-void Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-            size_t height) {
+void Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
   for (size_t row = 0; row < height; ++row) {
     std::memmove(static_cast<char*>(dst) + row * dpitch,
                  static_cast<const char*>(src) + row * spitch, width);

@@ -21,7 +21,7 @@ thread_local unsigned int t_device_flags = 0;
 
 struct DeviceSettings {
   std::mutex mu;
-  std::set<std::pair<int, int>> peer_access;  // (current, peer)
+  std::set<std::pair<int, int>> peer_access;     // (current, peer)
   std::map<std::pair<int, int>, size_t> limits;  // (device, cudaLimit)
 };
 
@@ -114,7 +114,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   cudaDeviceProp prop;
   simcuda::rt::FillDeviceProperties(device, m.Capacity(device), &prop);
   return Result(simcuda::rt::DeviceAttribute(prop, attr, value) ? cudaSuccess
-                                                                  : cudaErrorInvalidValue);
+                                                                : cudaErrorInvalidValue);
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -191,13 +191,27 @@ cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit) {
     return cudaSuccess;
   }
   switch (limit) {
-    case cudaLimitStackSize: *value = 1024; break;
-    case cudaLimitPrintfFifoSize: *value = 1 << 20; break;
-    case cudaLimitMallocHeapSize: *value = 8 << 20; break;
-    case cudaLimitDevRuntimeSyncDepth: *value = 2; break;
-    case cudaLimitDevRuntimePendingLaunchCount: *value = 2048; break;
-    case cudaLimitMaxL2FetchGranularity: *value = 64; break;
-    default: *value = 0; break;
+    case cudaLimitStackSize:
+      *value = 1024;
+      break;
+    case cudaLimitPrintfFifoSize:
+      *value = 1 << 20;
+      break;
+    case cudaLimitMallocHeapSize:
+      *value = 8 << 20;
+      break;
+    case cudaLimitDevRuntimeSyncDepth:
+      *value = 2;
+      break;
+    case cudaLimitDevRuntimePendingLaunchCount:
+      *value = 2048;
+      break;
+    case cudaLimitMaxL2FetchGranularity:
+      *value = 64;
+      break;
+    default:
+      *value = 0;
+      break;
   }
   return cudaSuccess;
 }

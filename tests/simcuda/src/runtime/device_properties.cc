@@ -80,80 +80,190 @@ void FillDeviceProperties(int device, uint64_t capacity, cudaDeviceProp* p) {
 bool DeviceAttribute(const cudaDeviceProp& p, int attr, int* value) {
   if (attr < cudaDevAttrMaxThreadsPerBlock || attr >= cudaDevAttrMax) return false;
   switch (static_cast<cudaDeviceAttr>(attr)) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
-    case cudaDevAttrMaxBlockDimX: *value = p.maxThreadsDim[0]; break;
-    case cudaDevAttrMaxBlockDimY: *value = p.maxThreadsDim[1]; break;
-    case cudaDevAttrMaxBlockDimZ: *value = p.maxThreadsDim[2]; break;
-    case cudaDevAttrMaxGridDimX: *value = p.maxGridSize[0]; break;
-    case cudaDevAttrMaxGridDimY: *value = p.maxGridSize[1]; break;
-    case cudaDevAttrMaxGridDimZ: *value = p.maxGridSize[2]; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = static_cast<int>(p.sharedMemPerBlock); break;
-    case cudaDevAttrTotalConstantMemory: *value = static_cast<int>(p.totalConstMem); break;
-    case cudaDevAttrWarpSize: *value = p.warpSize; break;
-    case cudaDevAttrMaxPitch: *value = static_cast<int>(p.memPitch); break;
-    case cudaDevAttrMaxRegistersPerBlock: *value = p.regsPerBlock; break;
-    case cudaDevAttrClockRate: *value = 1980000; break;            // kHz
-    case cudaDevAttrMemoryClockRate: *value = 2619000; break;      // kHz
-    case cudaDevAttrTextureAlignment: *value = static_cast<int>(p.textureAlignment); break;
-    case cudaDevAttrGpuOverlap: *value = 1; break;
-    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
-    case cudaDevAttrIntegrated: *value = p.integrated; break;
-    case cudaDevAttrCanMapHostMemory: *value = p.canMapHostMemory; break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = p.maxThreadsPerBlock;
+      break;
+    case cudaDevAttrMaxBlockDimX:
+      *value = p.maxThreadsDim[0];
+      break;
+    case cudaDevAttrMaxBlockDimY:
+      *value = p.maxThreadsDim[1];
+      break;
+    case cudaDevAttrMaxBlockDimZ:
+      *value = p.maxThreadsDim[2];
+      break;
+    case cudaDevAttrMaxGridDimX:
+      *value = p.maxGridSize[0];
+      break;
+    case cudaDevAttrMaxGridDimY:
+      *value = p.maxGridSize[1];
+      break;
+    case cudaDevAttrMaxGridDimZ:
+      *value = p.maxGridSize[2];
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(p.sharedMemPerBlock);
+      break;
+    case cudaDevAttrTotalConstantMemory:
+      *value = static_cast<int>(p.totalConstMem);
+      break;
+    case cudaDevAttrWarpSize:
+      *value = p.warpSize;
+      break;
+    case cudaDevAttrMaxPitch:
+      *value = static_cast<int>(p.memPitch);
+      break;
+    case cudaDevAttrMaxRegistersPerBlock:
+      *value = p.regsPerBlock;
+      break;
+    case cudaDevAttrClockRate:
+      *value = 1980000;
+      break;  // kHz
+    case cudaDevAttrMemoryClockRate:
+      *value = 2619000;
+      break;  // kHz
+    case cudaDevAttrTextureAlignment:
+      *value = static_cast<int>(p.textureAlignment);
+      break;
+    case cudaDevAttrGpuOverlap:
+      *value = 1;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = p.multiProcessorCount;
+      break;
+    case cudaDevAttrIntegrated:
+      *value = p.integrated;
+      break;
+    case cudaDevAttrCanMapHostMemory:
+      *value = p.canMapHostMemory;
+      break;
     case cudaDevAttrComputeMode:
       *value = Machine::Get().ExclusiveProcessMode() ? cudaComputeModeExclusiveProcess
                                                      : cudaComputeModeDefault;
       break;
-    case cudaDevAttrConcurrentKernels: *value = p.concurrentKernels; break;
-    case cudaDevAttrEccEnabled: *value = p.ECCEnabled; break;
-    case cudaDevAttrPciBusId: *value = p.pciBusID; break;
-    case cudaDevAttrPciDeviceId: *value = p.pciDeviceID; break;
-    case cudaDevAttrPciDomainId: *value = p.pciDomainID; break;
-    case cudaDevAttrGlobalMemoryBusWidth: *value = p.memoryBusWidth; break;
-    case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
-    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
-    case cudaDevAttrAsyncEngineCount: *value = p.asyncEngineCount; break;
-    case cudaDevAttrUnifiedAddressing: *value = p.unifiedAddressing; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
-    case cudaDevAttrStreamPrioritiesSupported: *value = p.streamPrioritiesSupported; break;
-    case cudaDevAttrGlobalL1CacheSupported: *value = p.globalL1CacheSupported; break;
-    case cudaDevAttrLocalL1CacheSupported: *value = p.localL1CacheSupported; break;
+    case cudaDevAttrConcurrentKernels:
+      *value = p.concurrentKernels;
+      break;
+    case cudaDevAttrEccEnabled:
+      *value = p.ECCEnabled;
+      break;
+    case cudaDevAttrPciBusId:
+      *value = p.pciBusID;
+      break;
+    case cudaDevAttrPciDeviceId:
+      *value = p.pciDeviceID;
+      break;
+    case cudaDevAttrPciDomainId:
+      *value = p.pciDomainID;
+      break;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = p.memoryBusWidth;
+      break;
+    case cudaDevAttrL2CacheSize:
+      *value = p.l2CacheSize;
+      break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor:
+      *value = p.maxThreadsPerMultiProcessor;
+      break;
+    case cudaDevAttrAsyncEngineCount:
+      *value = p.asyncEngineCount;
+      break;
+    case cudaDevAttrUnifiedAddressing:
+      *value = p.unifiedAddressing;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = p.major;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = p.minor;
+      break;
+    case cudaDevAttrStreamPrioritiesSupported:
+      *value = p.streamPrioritiesSupported;
+      break;
+    case cudaDevAttrGlobalL1CacheSupported:
+      *value = p.globalL1CacheSupported;
+      break;
+    case cudaDevAttrLocalL1CacheSupported:
+      *value = p.localL1CacheSupported;
+      break;
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
       *value = static_cast<int>(p.sharedMemPerMultiprocessor);
       break;
-    case cudaDevAttrMaxRegistersPerMultiprocessor: *value = p.regsPerMultiprocessor; break;
-    case cudaDevAttrManagedMemory: *value = p.managedMemory; break;
-    case cudaDevAttrIsMultiGpuBoard: *value = p.isMultiGpuBoard; break;
-    case cudaDevAttrMultiGpuBoardGroupID: *value = p.multiGpuBoardGroupID; break;
-    case cudaDevAttrConcurrentManagedAccess: *value = p.concurrentManagedAccess; break;
-    case cudaDevAttrComputePreemptionSupported: *value = p.computePreemptionSupported; break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor:
+      *value = p.regsPerMultiprocessor;
+      break;
+    case cudaDevAttrManagedMemory:
+      *value = p.managedMemory;
+      break;
+    case cudaDevAttrIsMultiGpuBoard:
+      *value = p.isMultiGpuBoard;
+      break;
+    case cudaDevAttrMultiGpuBoardGroupID:
+      *value = p.multiGpuBoardGroupID;
+      break;
+    case cudaDevAttrConcurrentManagedAccess:
+      *value = p.concurrentManagedAccess;
+      break;
+    case cudaDevAttrComputePreemptionSupported:
+      *value = p.computePreemptionSupported;
+      break;
     case cudaDevAttrCanUseHostPointerForRegisteredMem:
       *value = p.canUseHostPointerForRegisteredMem;
       break;
-    case cudaDevAttrCooperativeLaunch: *value = p.cooperativeLaunch; break;
+    case cudaDevAttrCooperativeLaunch:
+      *value = p.cooperativeLaunch;
+      break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = static_cast<int>(p.sharedMemPerBlockOptin);
       break;
-    case cudaDevAttrHostRegisterSupported: *value = p.hostRegisterSupported; break;
-    case cudaDevAttrMaxBlocksPerMultiprocessor: *value = p.maxBlocksPerMultiProcessor; break;
-    case cudaDevAttrMaxPersistingL2CacheSize: *value = p.persistingL2CacheMaxSize; break;
-    case cudaDevAttrMaxAccessPolicyWindowSize: *value = p.accessPolicyMaxWindowSize; break;
+    case cudaDevAttrHostRegisterSupported:
+      *value = p.hostRegisterSupported;
+      break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor:
+      *value = p.maxBlocksPerMultiProcessor;
+      break;
+    case cudaDevAttrMaxPersistingL2CacheSize:
+      *value = p.persistingL2CacheMaxSize;
+      break;
+    case cudaDevAttrMaxAccessPolicyWindowSize:
+      *value = p.accessPolicyMaxWindowSize;
+      break;
     case cudaDevAttrReservedSharedMemoryPerBlock:
       *value = static_cast<int>(p.reservedSharedMemPerBlock);
       break;
-    case cudaDevAttrMemoryPoolsSupported: *value = p.memoryPoolsSupported; break;
-    case cudaDevAttrClusterLaunch: *value = p.clusterLaunch; break;
-    case cudaDevAttrIpcEventSupport: *value = p.ipcEventSupported; break;
+    case cudaDevAttrMemoryPoolsSupported:
+      *value = p.memoryPoolsSupported;
+      break;
+    case cudaDevAttrClusterLaunch:
+      *value = p.clusterLaunch;
+      break;
+    case cudaDevAttrIpcEventSupport:
+      *value = p.ipcEventSupported;
+      break;
 #if CUDART_VERSION >= 13000
-    case cudaDevAttrNumaId: *value = p.deviceNumaId; break;
-    case cudaDevAttrHostNumaId: *value = p.hostNumaId; break;
-    case cudaDevAttrGpuPciDeviceId: *value = static_cast<int>(p.gpuPciDeviceID); break;
+    case cudaDevAttrNumaId:
+      *value = p.deviceNumaId;
+      break;
+    case cudaDevAttrHostNumaId:
+      *value = p.hostNumaId;
+      break;
+    case cudaDevAttrGpuPciDeviceId:
+      *value = static_cast<int>(p.gpuPciDeviceID);
+      break;
 #else
-    case cudaDevAttrNumaId: *value = -1; break;
-    case cudaDevAttrHostNumaId: *value = -1; break;
-    case cudaDevAttrGpuPciDeviceId: *value = 0x233010de; break;
+    case cudaDevAttrNumaId:
+      *value = -1;
+      break;
+    case cudaDevAttrHostNumaId:
+      *value = -1;
+      break;
+    case cudaDevAttrGpuPciDeviceId:
+      *value = 0x233010de;
+      break;
 #endif
-    default: *value = 0; break;
+    default:
+      *value = 0;
+      break;
   }
   return true;
 }

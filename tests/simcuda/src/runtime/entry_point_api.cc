@@ -34,14 +34,14 @@ void* OpenDriver() {
 
 using GetProcAddress = int (*)(const char*, void**, int, unsigned long long, int*);
 
-cudaError_t EntryPoint(const char* symbol, void** function, int version,
-                       unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+cudaError_t EntryPoint(const char* symbol, void** function, int version, unsigned long long flags,
+                       cudaDriverEntryPointQueryResult* status) {
   if (symbol == nullptr || function == nullptr) return cudaErrorInvalidValue;
   *function = nullptr;
   if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
   void* driver = DriverLibrary();
-  auto get = driver ? reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2"))
-                    : nullptr;
+  auto get =
+      driver ? reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2")) : nullptr;
   if (get == nullptr) return cudaSuccess;
   int driver_status = 0;
   if (get(symbol, function, version, flags, &driver_status) == 0 && *function != nullptr) {
@@ -65,8 +65,7 @@ extern "C" {
 cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* status) {
   SIMCUDA_ENTER();
-  return Result(
-      simcuda::rt::EntryPoint(symbol, function, CUDART_VERSION, flags, status));
+  return Result(simcuda::rt::EntryPoint(symbol, function, CUDART_VERSION, flags, status));
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function,

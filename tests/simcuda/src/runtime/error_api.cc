@@ -32,12 +32,10 @@ const CodeName kErrorStrings[] = {
     {cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled"},
     {cudaErrorHostMemoryAlreadyRegistered,
      "part or all of the requested memory range is already mapped"},
-    {cudaErrorHostMemoryNotRegistered,
-     "pointer does not correspond to a registered memory region"},
+    {cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region"},
     {cudaErrorNotSupported, "operation not supported"},
     {cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing"},
-    {cudaErrorStreamCaptureInvalidated,
-     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture"},
     {cudaErrorIllegalState, "the operation is not permitted in the current state"},
     {cudaErrorUnknown, "unknown error"},
 };
@@ -54,9 +52,7 @@ cudaError_t Unsupported(CallSite* site) {
   return Fail(cudaErrorNotSupported);
 }
 
-int RuntimeErrorByName(const std::string& name) {
-  return CodeOf(kRuntimeErrorNames, name.c_str());
-}
+int RuntimeErrorByName(const std::string& name) { return CodeOf(kRuntimeErrorNames, name.c_str()); }
 
 }  // namespace rt
 }  // namespace simcuda

@@ -59,8 +59,8 @@ cudaError_t cudaGetKernel(cudaKernel_t* kernel, const void* entry) {
   return cudaSuccess;
 }
 
-cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, cudaFuncAttribute attr,
-                                            int value, int device) {
+cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, cudaFuncAttribute attr, int value,
+                                            int device) {
   SIMCUDA_ENTER();
   return Result(kernel == nullptr ? cudaErrorInvalidValue : cudaSuccess);
 }

@@ -58,8 +58,8 @@ thread_local std::vector<LaunchConfiguration> t_launch_stack;
 cudaError_t Launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream) {
   if (func == nullptr) return cudaErrorInvalidDeviceFunction;
   CUkern_st* kernel = KernelFor(func);
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 ||
-      block.z == 0 || static_cast<uint64_t>(block.x) * block.y * block.z > 1024) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0 ||
+      static_cast<uint64_t>(block.x) * block.y * block.z > 1024) {
     return cudaErrorInvalidConfiguration;
   }
   cudaError_t err = Machine::Get().Submit(stream, CurrentDevice());
@@ -110,9 +110,7 @@ void** __cudaRegisterFatBinary(void* fat_cubin) {
   return new void*(fat_cubin);  // any non-null handle, until __cudaUnregisterFatBinary
 }
 
-void __cudaRegisterFatBinaryEnd(void** handle) {
-  SIMCUDA_COUNT();
-}
+void __cudaRegisterFatBinaryEnd(void** handle) { SIMCUDA_COUNT(); }
 
 void __cudaUnregisterFatBinary(void** handle) {
   SIMCUDA_COUNT();
@@ -133,8 +131,8 @@ void __cudaRegisterFunction(void** handle, const char* host_function, char* devi
   simcuda::rt::KernelLocked(r, host_function)->name = device_name;
 }
 
-void __cudaRegisterVar(void** handle, char* host_var, char* device_address,
-                       const char* device_name, int ext, size_t size, int constant, int global) {
+void __cudaRegisterVar(void** handle, char* host_var, char* device_address, const char* device_name,
+                       int ext, size_t size, int constant, int global) {
   SIMCUDA_COUNT();
   auto& r = simcuda::rt::GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);

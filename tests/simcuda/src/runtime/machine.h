@@ -59,10 +59,10 @@ enum class MemoryKind {
 
 struct Allocation {
   uintptr_t base = 0;
-  size_t size = 0;      // bytes requested
-  size_t mapped = 0;    // bytes mapped (owned allocations only)
-  size_t charged = 0;   // bytes charged to the device's capacity
-  int device = -1;      // -1 for host memory
+  size_t size = 0;     // bytes requested
+  size_t mapped = 0;   // bytes mapped (owned allocations only)
+  size_t charged = 0;  // bytes charged to the device's capacity
+  int device = -1;     // -1 for host memory
   MemoryKind kind = MemoryKind::kDevice;
   // Device memory shared with cudaIpcGetMemHandle: the POSIX shared memory
   // object now backing it (unlinked when it is freed).
@@ -72,8 +72,8 @@ struct Allocation {
 // A unit of stream work that does more than occupy the stream.
 struct PendingWork {
   uint64_t seq = 0;
-  uint64_t wait_stream_id = 0;  // cudaStreamWaitEvent: this stream ...
-  uint64_t wait_seq = 0;        // ... must first complete up to here
+  uint64_t wait_stream_id = 0;    // cudaStreamWaitEvent: this stream ...
+  uint64_t wait_seq = 0;          // ... must first complete up to here
   std::function<void()> host_fn;  // cudaLaunchHostFunc / cudaStreamAddCallback
 };
 
@@ -292,15 +292,15 @@ class Machine {
   std::mutex mu_;
   EventMode mode_ = EventMode::kImmediate;
   EventMode initial_mode_ = EventMode::kImmediate;
-  std::vector<uint64_t> initial_capacities_;  // from SIMCUDA_MEMORY_BYTES
+  std::vector<uint64_t> initial_capacities_;           // from SIMCUDA_MEMORY_BYTES
   std::vector<std::unique_ptr<DeviceState>> devices_;  // only grows
-  int visible_devices_ = 0;                              // the device count
+  int visible_devices_ = 0;                            // the device count
   uint64_t default_capacity_ = kDefaultCapacity;
   std::string exclusive_dir_;  // SIMCUDA_EXCLUSIVE_PROCESS_DIR; empty: DEFAULT mode
   std::map<uintptr_t, Allocation> allocations_;
-  std::unordered_map<uint64_t, CUstream_st*> streams_;      // live, by id
-  std::unordered_set<const void*> user_streams_;            // live handles
-  std::unordered_set<const void*> events_;                  // live handles
+  std::unordered_map<uint64_t, CUstream_st*> streams_;  // live, by id
+  std::unordered_set<const void*> user_streams_;        // live handles
+  std::unordered_set<const void*> events_;              // live handles
   std::unordered_set<const void*> graphs_;
   std::unordered_set<const void*> graph_execs_;
   std::atomic<simcuda_mapping_lookup_fn> mapping_lookup_{nullptr};

@@ -50,9 +50,8 @@ cudaError_t Machine::EndCapture(cudaStream_t stream, int device, cudaGraph_t* gr
   return cudaSuccess;
 }
 
-cudaError_t Machine::CaptureStatus(cudaStream_t stream, int device,
-                                   cudaStreamCaptureStatus* status, unsigned long long* id,
-                                   cudaGraph_t* graph) {
+cudaError_t Machine::CaptureStatus(cudaStream_t stream, int device, cudaStreamCaptureStatus* status,
+                                   unsigned long long* id, cudaGraph_t* graph) {
   std::lock_guard<std::mutex> lock(mu_);
   CUstream_st* s = nullptr;
   cudaError_t err = ResolveLocked(stream, device, &s);

@@ -78,9 +78,8 @@ cudaError_t Machine::ShareMemory(void* ptr, cudaIpcMemHandle_t* handle) {
     bool ok = ftruncate(fd, static_cast<off_t>(a.mapped)) == 0;
     // Copy the bytes in, then put the object where the allocation was.
     for (size_t done = 0; ok && done < a.mapped;) {
-      const ssize_t wrote =
-          pwrite(fd, reinterpret_cast<const char*>(a.base) + done, a.mapped - done,
-                 static_cast<off_t>(done));
+      const ssize_t wrote = pwrite(fd, reinterpret_cast<const char*>(a.base) + done,
+                                   a.mapped - done, static_cast<off_t>(done));
       ok = wrote > 0;
       if (ok) done += static_cast<size_t>(wrote);
     }

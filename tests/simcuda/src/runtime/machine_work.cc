@@ -71,8 +71,7 @@ cudaError_t Machine::ResolveStream(cudaStream_t handle, int device, CUstream_st*
   return ResolveLocked(handle, device, out);
 }
 
-cudaError_t Machine::CreateStream(int device, unsigned int flags, int priority,
-                                  cudaStream_t* out) {
+cudaError_t Machine::CreateStream(int device, unsigned int flags, int priority, cudaStream_t* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (DeviceLocked(device) == nullptr) return cudaErrorInvalidDevice;
   if (const cudaError_t err = EnsureContextLocked(device); err != cudaSuccess) return err;

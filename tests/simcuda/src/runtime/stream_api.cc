@@ -68,26 +68,22 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
   SIMCUDA_ENTER();
-  return Result(
-      StreamProperty(stream, priority, [](const CUstream_st& s) { return s.priority; }));
+  return Result(StreamProperty(stream, priority, [](const CUstream_st& s) { return s.priority; }));
 }
 
 cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
   SIMCUDA_ENTER();
-  return Result(
-      StreamProperty(stream, flags, [](const CUstream_st& s) { return s.flags; }));
+  return Result(StreamProperty(stream, flags, [](const CUstream_st& s) { return s.flags; }));
 }
 
 cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
   SIMCUDA_ENTER();
-  return Result(
-      StreamProperty(stream, id, [](const CUstream_st& s) { return s.id; }));
+  return Result(StreamProperty(stream, id, [](const CUstream_st& s) { return s.id; }));
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
   SIMCUDA_ENTER();
-  return Result(
-      StreamProperty(stream, device, [](const CUstream_st& s) { return s.device; }));
+  return Result(StreamProperty(stream, device, [](const CUstream_st& s) { return s.device; }));
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -105,9 +101,9 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
                                   void* user_data, unsigned int flags) {
   SIMCUDA_ENTER();
   if (callback == nullptr || flags != 0) return Result(cudaErrorInvalidValue);
-  return Result(Machine::Get().Submit(
-      stream, CurrentDevice(),
-      [callback, stream, user_data] { callback(stream, cudaSuccess, user_data); }));
+  return Result(Machine::Get().Submit(stream, CurrentDevice(), [callback, stream, user_data] {
+    callback(stream, cudaSuccess, user_data);
+  }));
 }
 
 }  // extern "C"
