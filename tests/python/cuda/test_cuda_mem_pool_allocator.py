@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 import torch
+from allocator_settings import set_allocator_settings
 
 MiB = 1 << 20
 TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
@@ -100,10 +101,8 @@ def test_pool_segments_come_from_the_pools_allocator_and_are_accounted(pool_allo
 def test_pool_with_own_allocator_keeps_it_under_expandable_segments(pool_allocator, sim):
     """As PyTorch's expandable segments skip pools with an allocator: no driver mapping for it."""
     allocator, library = pool_allocator
-    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings",
-                           torch.cuda.memory._set_allocator_settings)
     torch.cuda.empty_cache()
-    set_settings("expandable_segments:True")
+    set_allocator_settings("expandable_segments:True")
     try:
         pool = torch.cuda.MemPool(allocator=allocator.allocator())
         maps = sim.call_count("cuMemMap")
@@ -118,5 +117,5 @@ def test_pool_with_own_allocator_keeps_it_under_expandable_segments(pool_allocat
         torch.cuda.empty_cache()
         assert counter(library, "frees") == 1
     finally:
-        set_settings("expandable_segments:False")
+        set_allocator_settings("expandable_segments:False")
         torch.cuda.empty_cache()

@@ -11,13 +11,13 @@ data lives across page boundaries, driver failures become clear errors, and the 
 stays consistent after each.
 """
 
-import gc
 import os
 
 import pytest
 import torch
 
 import torchmem
+from allocator_settings import empty_cache, expandable, set_allocator_settings  # noqa: F401 (a fixture)
 from torchmem import _C
 
 MiB = 1 << 20
@@ -32,36 +32,6 @@ pytestmark = pytest.mark.skipif(
 
 def engine():
     return _C.cuda_engine(0)
-
-
-# PyTorch's call that re-parses the allocator settings (its older name before torch 2.10).
-set_allocator_settings = getattr(torch._C, "_accelerator_setAllocatorSettings",
-                                 torch.cuda.memory._set_allocator_settings)
-
-
-def empty_cache() -> None:
-    """Unmaps every cached page, after collecting tensors that only a reference cycle holds.
-
-    A test that keeps a ``pytest.raises`` result keeps a cycle (exception, traceback, the test's
-    frame) that holds the frame's tensors until the garbage collector runs, whenever Python's
-    thresholds trip (under torch 2.15 / Python 3.13 not before the next test): without the
-    collection the next test would start with them mapped, or cached over its memory limit.
-    """
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
-@pytest.fixture
-def expandable():
-    """Expandable segments on for the test, from an empty cache; off, with an empty cache, after it."""
-    empty_cache()
-    set_allocator_settings("expandable_segments:True")
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize()
-        set_allocator_settings("expandable_segments:False")
-        empty_cache()
 
 
 def filled(count: int, value: int) -> torch.Tensor:

@@ -9,35 +9,17 @@ mapped range.
 """
 
 import ctypes
-import gc
 
 import pytest
 import torch
 
 import torchmem.runtime.cuda as torchmem_cuda
+from allocator_settings import expandable  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
 TORCH = torch.torch_version.TorchVersion(torch.__version__.split("+")[0])
 pytestmark = pytest.mark.skipif(
     TORCH < (2, 11), reason="allocator settings changed at run time reach torchmem from torch 2.11")
-
-set_allocator_settings = getattr(torch._C, "_accelerator_setAllocatorSettings",
-                                 torch.cuda.memory._set_allocator_settings)
-
-
-@pytest.fixture
-def expandable():
-    gc.collect()
-    torch.cuda.empty_cache()
-    set_allocator_settings("expandable_segments:True")
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize()
-        set_allocator_settings("expandable_segments:False")
-        gc.collect()
-        torch.cuda.empty_cache()
-
 
 def pluggable_base_allocation(ptr):
     """The same question through the reduced route's exported entry point."""
