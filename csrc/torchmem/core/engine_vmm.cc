@@ -119,10 +119,7 @@ std::int64_t Engine::HeldBytes(const Segment& segment) const {
 }
 
 void Engine::FillVmmStats(MemoryStats& stats) const {
-  // The vmm.* keys only while virtual memory is in use: once expandable
-  // segments are off and their ranges released, the keys are PyTorch's again.
   if (!HasVmmSpaces()) return;
-  if (placement_ != Placement::kVirtualMemory && reserved_address_bytes_ == 0) return;
   MemoryStats::Vmm& out = stats.vmm;
   out.page_size = static_cast<std::int64_t>(vmm_[static_cast<int>(PoolKind::kSmall)]->page_size());
   out.large_page_size =
@@ -143,8 +140,13 @@ void Engine::FillVmmStats(MemoryStats& stats) const {
     out.unmaps += calls.unmaps;
     out.steals += calls.steals;
     out.lost_pages += calls.lost_pages;
+    out.lost_bytes += calls.lost_pages * page;
   }
   out.cached_bytes = out.mapped_bytes - out.touched_bytes;
+  // Once expandable segments are off and their ranges released (nothing
+  // lost), the vmm.* keys go: torchmem's statistics are PyTorch's again.
+  out.in_use = placement_ == Placement::kVirtualMemory || reserved_address_bytes_ > 0 ||
+               out.lost_pages > 0;
 }
 
 absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool, PrivatePool* owner,

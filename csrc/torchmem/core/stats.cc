@@ -72,9 +72,7 @@ std::vector<std::pair<std::string, std::int64_t>> MemoryStats::Flatten() const {
   out.emplace_back("num_device_free", num_device_free);
   out.emplace_back("num_oom_rejections", num_oom_rejections);
   out.emplace_back("max_split_size", max_split_size);
-  // Only where virtual memory is in use, so that the keys stay PyTorch's
-  // otherwise.
-  if (vmm.page_size != 0) {
+  if (vmm.in_use) {
     for (const auto& [name, value] :
          {std::pair{"page_size", vmm.page_size}, std::pair{"large_page_size", vmm.large_page_size},
           std::pair{"reserved_address_bytes", vmm.reserved_address_bytes},
@@ -87,7 +85,7 @@ std::vector<std::pair<std::string, std::int64_t>> MemoryStats::Flatten() const {
           std::pair{"num_create", vmm.creates}, std::pair{"num_release", vmm.releases},
           std::pair{"num_map", vmm.maps}, std::pair{"num_set_access", vmm.set_access},
           std::pair{"num_unmap", vmm.unmaps}, std::pair{"num_steal", vmm.steals},
-          std::pair{"num_lost_pages", vmm.lost_pages}}) {
+          std::pair{"num_lost_pages", vmm.lost_pages}, std::pair{"lost_bytes", vmm.lost_bytes}}) {
       out.emplace_back(absl::StrCat("vmm.", name), value);
     }
   }

@@ -143,6 +143,10 @@ struct MemoryStats {
     std::int64_t unmaps = 0;
     std::int64_t steals = 0;
     std::int64_t lost_pages = 0;
+    std::int64_t lost_bytes = 0;  // their bytes (pages of either size)
+    // Virtual memory is in use (the placement, a reserved range, a lost page):
+    // only then do the vmm.* keys appear, so that they stay PyTorch's otherwise.
+    bool in_use = false;
   } vmm;
 
   void ResetPeaks();
