@@ -33,6 +33,9 @@ from torchmem.leaks.owners.roots import module_names
 from torchmem.leaks.tensors import BlockIndex, locate_tensors
 
 _storage_of = torch._C.TensorBase.untyped_storage
+_requires_grad = torch._C.TensorBase.requires_grad.__get__
+_is_leaf = torch._C.TensorBase.is_leaf.__get__
+_Node = torch.autograd.graph.Node
 # The number of references to a C++ storage; not in every torch build: without it, no fast path.
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 _tensor_use_count = getattr(torch._C.TensorBase, "_use_count", None)  # references to a tensor's C++ object
@@ -84,6 +87,13 @@ def closed_starts(index: BlockIndex, roots: list, *, budget: int, skip: set) -> 
                 queue.append(child)
         child = None
     obj = queue = None
+    for obj in members.values():
+        cls = type(obj)  # type(), not isinstance(): some proxies warn when asked for __class__
+        if issubclass(cls, _Node) or (issubclass(cls, torch.Tensor) and _requires_grad(obj) and not _is_leaf(obj)):
+            # An autograd graph: the full search. Asked here, reading a graph would make
+            # Python objects for its nodes that the full search would then find as well.
+            return None
+    obj = cls = None
     starts = locate_tensors(index, list(members.values()))
     if any(key not in starts for key in index.keys):
         return None
