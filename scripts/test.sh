@@ -6,7 +6,7 @@
 # 1. installs/builds whatever is missing (scripts/install.sh --no-demo);
 # 2. the C/C++ formatting check (clang-format, whole tree), then C++ tests
 #    (GoogleTest, CTest), including the CUDA backend on the
-#    simulated CUDA device;
+#    simulated CUDA device, then clang-tidy over the engine and the backends;
 # 3. the same C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 # 4. the concurrency tests under ThreadSanitizer (built with clang, which also
 #    checks the thread-safety annotations);
@@ -33,6 +33,9 @@ bash scripts/check_format.sh
 
 log "C++ tests (release)"
 ctest --test-dir build/release --output-on-failure -j "$JOBS"
+
+log "clang-tidy over the engine and the backends (scripts/check_tidy.sh)"
+JOBS=$JOBS bash scripts/check_tidy.sh build/release
 
 log "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DTORCHMEM_SANITIZE=address;undefined" \
