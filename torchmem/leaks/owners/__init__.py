@@ -29,7 +29,9 @@ bounded number of objects; each level of step 3 is one pass over the heap
 the check first.
 
 The parts, one concern each: ``search`` (``find_owners``, the order of the steps),
-``roots`` (what counts as a name), ``downward`` and ``upward`` (the two walks),
+``roots`` (what counts as a name), ``downward`` and ``upward`` (the two walks), ``closed``
+(step 2 alone, without step 1's pass over the heap, when reference counts prove that nothing
+outside the walk from the roots holds the blocks),
 ``numpy_views`` (holders the collector does not track); ``torchmem.leaks.cycles`` finds
 the cycles of step 5.
 """

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from torchmem.leaks import collector
+from torchmem.leaks.owners.closed import closed_starts
 from torchmem.leaks.owners.downward import downward_search
 from torchmem.leaks.owners.numpy_views import untracked_viewers
 from torchmem.leaks.owners.roots import AllowedRoot, live_frames, read_local_roots
@@ -53,6 +54,7 @@ class OwnerSearch:
     held_outside: set = field(default_factory=set)
     live_rooted: set = field(default_factory=set)
     given_up: bool = False
+    heap_listed: bool = True  # False: decided from the roots alone (``closed``), no pass over the heap
 
 
 
@@ -98,6 +100,69 @@ def find_owners(
     index = BlockIndex(blocks)
     deadline = time.monotonic() + time_budget
     allowed = {id(root.obj): root for root in allowed_roots}
+    if _use_closed_roots:
+        result = _search_from_closed_roots(index, allowed, deadline, max_owners, node_budget)
+        if result is not None:
+            return result
+    return _full_search(index, allowed, deadline, max_depth, max_owners, node_budget, give_up_after)
+
+
+_use_closed_roots = True  # tests turn it off to compare with the full search
+
+
+def _search_from_closed_roots(index, allowed, deadline, max_owners, node_budget) -> OwnerSearch | None:
+    """Step 1 alone, without listing the heap, when ``closed.closed_starts`` proves the roots
+    hold every block and the walk down names a holder for each; else None."""
+    ignore = {id(allowed)}
+    frames = live_frames()
+    local_roots = read_local_roots(frames, ignore)
+    del frames
+    roots = _roots(allowed, local_roots)
+    try:
+        skip = ignore | {id(roots), id(local_roots.values)}
+        starts = closed_starts(index, roots, budget=node_budget, skip=skip)
+        if starts is None:
+            return None
+        result = OwnerSearch(owners={key: [] for key in index.keys}, stopped_early=False, heap_listed=False)
+        _search_down(starts, roots, skip | {id(starts)}, deadline, node_budget, max_owners, result)
+        if not all(result.owners[key] for key in index.keys):
+            return None  # a budget stopped the walk: the full search decides
+        return result
+    finally:
+        del roots
+        local_roots.values.clear()
+
+
+def _roots(allowed: dict, local_roots) -> list:
+    """The roots the downward search starts from: allowed objects, then live frames' locals."""
+    roots = [
+        (root.name, "allowed" if root.allowed else "global", None, root.note if root.allowed else None, root.obj)
+        for root in allowed.values()
+    ]
+    roots += [(name, "local", location, None, value) for name, location, value in local_roots.values]
+    return roots
+
+
+def _search_down(starts, roots, skip, deadline, node_budget, max_owners, result) -> None:
+    """Step 1: down from the roots to the start objects; fills ``result``."""
+    targets: dict = defaultdict(list)
+    for key, entries in starts.items():
+        for obj, suffix in entries:
+            targets[id(obj)].append((key, suffix))
+    obj = None  # a loop variable would be a reference the walk cannot explain
+    found = downward_search(roots, targets, budget=node_budget, deadline=deadline, skip=skip | {id(targets)})
+    for key, owners in found.items():
+        if any(owner.kind != "local" for owner, _ in owners):
+            result.live_rooted.add(key)  # objects the check holds: alive (locals: see upward._check_local_root)
+        for owner, note in owners[:max_owners]:
+            result.owners[key].append(owner)
+            if note is not None:
+                result.allowed.setdefault(key, note)
+        if any(owner.kind != "allowed" for owner, _ in owners):
+            result.allowed.pop(key, None)  # also held by something that is not allowed
+
+
+def _full_search(index, allowed, deadline, max_depth, max_owners, node_budget, give_up_after) -> OwnerSearch:
     objects = gc.get_objects()  # while frozen: only the objects made during the check
     try:
         starts = locate_tensors(index, objects)
@@ -111,29 +176,11 @@ def find_owners(
         del frames
         result = OwnerSearch(owners={key: [] for key in index.keys}, stopped_early=False)
         # 1. Down from the roots already known: allowed objects and the locals of live frames.
-        targets: dict = defaultdict(list)
-        for key, entries in starts.items():
-            for obj, suffix in entries:
-                targets[id(obj)].append((key, suffix))
-        obj = None  # a loop variable would be a reference the walk cannot explain
-        roots = [
-            (root.name, "allowed" if root.allowed else "global", None, root.note if root.allowed else None, root.obj)
-            for root in allowed.values()
-        ]
-        roots += [(name, "local", location, None, value) for name, location, value in local_roots.values]
-        skip = ignore | {id(targets), id(roots), id(local_roots.values)}
-        found = downward_search(roots, targets, budget=node_budget, deadline=deadline, skip=skip)
+        roots = _roots(allowed, local_roots)
+        _search_down(starts, roots, ignore | {id(roots), id(local_roots.values)}, deadline, node_budget,
+                     max_owners, result)
         del roots
         local_roots.values.clear()  # the locals' values: needed no more, and not to be found as holders
-        for key, owners in found.items():
-            if any(owner.kind != "local" for owner, _ in owners):
-                result.live_rooted.add(key)  # objects the check holds: alive (locals: see upward._check_local_root)
-            for owner, note in owners[:max_owners]:
-                result.owners[key].append(owner)
-                if note is not None:
-                    result.allowed.setdefault(key, note)
-            if any(owner.kind != "allowed" for owner, _ in owners):
-                result.allowed.pop(key, None)  # also held by something that is not allowed
         # 2. Up from the rest, one heap pass per level.
         rest = {key: entries for key, entries in starts.items() if not result.owners[key]}
         if not collector.is_frozen():
