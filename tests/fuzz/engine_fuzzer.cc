@@ -438,8 +438,8 @@ class Fuzzer {
           // Pages, not a segment: the block's pages (its pool's page size,
           // at most the large pool's), and one more where it starts inside
           // a page. An upper bound: the check never blames a justified OOM.
-          const auto page = static_cast<std::size_t>(
-              std::max(stats.vmm.page_size, stats.vmm.large_page_size));
+          const auto page =
+              static_cast<std::size_t>(std::max(stats.vmm.page_size, stats.vmm.large_page_size));
           if (page != 0) {
             const std::size_t pages = (policy.RoundSize(size) + page - 1) / page + 1;
             segment = std::max(segment, pages * page);
@@ -581,8 +581,7 @@ class Fuzzer {
                      absl::StrContains(status.message(), "UnmapPages") ||
                      absl::StrContains(status.message(), "ReleaseAddressRange") ||
                      absl::StrContains(status.message(), "SynchronizeEvent"),
-                 "EmptyCache fails only by releasing or by a failed event: ",
-                 status.ToString());
+                 "EmptyCache fails only by releasing or by a failed event: ", status.ToString());
     }
   }
 

@@ -145,8 +145,8 @@ void Engine::FillVmmStats(MemoryStats& stats) const {
   out.cached_bytes = out.mapped_bytes - out.touched_bytes;
   // Once expandable segments are off and their ranges released (nothing
   // lost), the vmm.* keys go: torchmem's statistics are PyTorch's again.
-  out.in_use = placement_ == Placement::kVirtualMemory || reserved_address_bytes_ > 0 ||
-               out.lost_pages > 0;
+  out.in_use =
+      placement_ == Placement::kVirtualMemory || reserved_address_bytes_ > 0 || out.lost_pages > 0;
 }
 
 absl::StatusOr<Segment*> Engine::ReserveRange(StreamLists& lists, PoolKind pool, PrivatePool* owner,
