@@ -107,10 +107,6 @@ std::shared_ptr<void> OpenCudaMallocHandle(const std::string& handle, c10::Devic
 }  // namespace
 
 std::shared_ptr<void> TorchmemCudaAllocatorImpl::getIpcDevPtr(std::string handle) {
-  std::lock_guard<std::mutex> lock(g_ipc_mutex);
-  if (auto it = g_opened->find(handle); it != g_opened->end()) {
-    if (std::shared_ptr<void> users = it->second.users.lock()) return users;
-  }
   TORCH_CHECK(handle.size() >= 2, "torchmem: malformed CUDA IPC handle (", handle.size(),
               " bytes)");
   TORCH_CHECK(handle[0] <= kShareableHandleVersion,
@@ -119,23 +115,31 @@ std::shared_ptr<void> TorchmemCudaAllocatorImpl::getIpcDevPtr(std::string handle
               static_cast<int>(kShareableHandleVersion), "); use the same torch in both processes");
   TORCH_CHECK(handle[1] == kShareableCudaMalloc || handle[1] == kShareableExpandable,
               "torchmem: unknown CUDA IPC handle type '", handle[1], "'");
+  const bool expandable = handle[1] == kShareableExpandable;
+  std::string key =
+      expandable ? handle.substr(0, 2) + ExpandableHandleIdentity(handle.substr(2), handle[0])
+                 : handle;
+  std::lock_guard<std::mutex> lock(g_ipc_mutex);
+  if (auto it = g_opened->find(key); it != g_opened->end()) {
+    if (std::shared_ptr<void> users = it->second.users.lock()) return users;
+  }
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-  std::shared_ptr<void> mapping = handle[1] == kShareableCudaMalloc
-                                      ? OpenCudaMallocHandle(handle, device)
-                                      : OpenExpandableHandle(handle.substr(2), handle[0], device);
+  std::shared_ptr<void> mapping = expandable
+                                      ? OpenExpandableHandle(handle.substr(2), handle[0], device)
+                                      : OpenCudaMallocHandle(handle, device);
   void* ptr = mapping.get();
-  std::shared_ptr<void> users(ptr, [handle, mapping](void*) mutable {
+  std::shared_ptr<void> users(ptr, [key, mapping](void*) mutable {
     {
       std::lock_guard<std::mutex> erase_lock(g_ipc_mutex);
       // Unless the handle was opened again meanwhile (the entry is a newer
       // mapping's, still in use).
-      auto it = g_opened->find(handle);
+      auto it = g_opened->find(key);
       if (it != g_opened->end() && it->second.users.expired()) g_opened->erase(it);
     }
     mapping.reset();  // outside the lock: unmapping may wait for the device
   });
-  (*g_opened)[handle] = OpenedHandle{device, ptr, users};
+  (*g_opened)[key] = OpenedHandle{device, ptr, users};
   return users;
 }
 

@@ -99,6 +99,14 @@ std::string ShareExpandableBlock(int device, Engine& engine, void* ptr, std::ptr
   return body;
 }
 
+std::string ExpandableHandleIdentity(std::string body, char version) {
+  constexpr std::size_t kPaddings[] = {4, 28};  // after the pid; after the handle type (version 3)
+  for (std::size_t at : kPaddings) {
+    if (at + 4 <= HeaderSize(version) && at + 4 <= body.size()) Put<std::int32_t>(body, at, 0);
+  }
+  return body;
+}
+
 std::shared_ptr<void> OpenExpandableHandle(const std::string& body, char version,
                                            c10::DeviceIndex device) {
   const std::size_t header = HeaderSize(version);

@@ -9,7 +9,8 @@
 // process (pidfd_open + pidfd_getfd), imports it, reserves an address range
 // and maps the handles there in order. The handle bytes after the version
 // and type bytes:
-//   pid (int32), 4 zero bytes, handle size (uint64), handle count (uint64),
+//   pid (int32), 4 padding bytes (zero from version 3, left as they were in
+//   the producer's memory before), handle size (uint64), handle count (uint64),
 //   from version 3 (torch 2.13) the handle type (int32, 1 = POSIX file
 //   descriptor) and 4 zero bytes; then one int32 descriptor per handle.
 // (Read from the handles torch 2.14.1's allocator produces, and PyTorch's
@@ -37,6 +38,13 @@ std::string ShareExpandableBlock(int device, Engine& engine, void* ptr, std::ptr
 // last owner lets go.
 std::shared_ptr<void> OpenExpandableHandle(const std::string& body, char version,
                                            c10::DeviceIndex device);
+
+// What makes two handle bodies name the same pages: the body with its
+// padding bytes zeroed. PyTorch before version 3 writes its header struct
+// as it lies in memory, padding included, so two shares of one page differ
+// in bytes that mean nothing (seen with torch 2.9.1): keyed by the raw
+// bytes, a consumer would map the page once per tensor.
+std::string ExpandableHandleIdentity(std::string body, char version);
 
 }  // namespace torchmem::torch_glue
 
