@@ -128,6 +128,14 @@ def test_tensors_kept_on_self_are_allowed_without_listing_the_heap_and_leaks_sti
     assert fast["test_kept_on_self_only"][0] == "passed"
     assert fast["test_leaks_into_a_global_only"][0] == "failed"
     assert "test_situations.KEPT[" in fast["test_leaks_into_a_global_only"][2]
+    # Held through the test's instance and also by a module global: a leak, naming the global.
+    for name, holder in (("test_also_in_a_module_list", "test_situations.KEPT["),
+                         ("test_a_view_of_its_storage_in_a_global", "test_situations.VIEWS["),
+                         ("test_its_holder_also_in_a_global", "test_situations.HOLDERS[")):
+        assert fast[name][0] == "failed", name
+        assert holder in fast[name][2], (name, fast[name][2])
+    # A reference from C names no holder: what step 1 found through the instance stands.
+    assert fast["test_held_from_c_as_well"][0] == "passed"
     assert fast["test_kept_on_self_only"][1] and not any(fast["test_kept_on_self_only"][1])  # no heap listed
     assert all(full["test_kept_on_self_only"][1])  # the full search, when turned off
     for name in ("test_also_in_a_module_list", "test_a_view_of_its_storage_in_a_global",

@@ -545,6 +545,39 @@ def test_state_on_the_tests_own_instance_is_released_at_teardown_and_allowed(pyt
     result.stdout.fnmatch_lines(["*held by       test_instance_state.KEPT[[]0]*"])
 
 
+FIXTURE_AND_GLOBAL_MODULE = """
+import pytest
+import torch
+
+KEPT = []
+
+
+@pytest.fixture
+def state():
+    return {}
+
+
+def test_keeps_a_tensor_in_its_fixture(state):
+    state["t"] = torch.ones(1024)
+
+
+def test_keeps_it_in_its_fixture_and_a_module_global(state):
+    state["t"] = torch.ones(1024)
+    KEPT.append(state["t"])
+"""
+
+
+def test_a_block_an_argument_holds_fails_when_a_module_global_holds_it_too(pytester, run_pytest):
+    pytester.makepyfile(test_fixture_and_global=FIXTURE_AND_GLOBAL_MODULE)
+
+    result = run_pytest("-rA", "--torchmem", "--torchmem-device=cpu")
+
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["FAILED test_fixture_and_global.py::test_keeps_it_in_its_fixture_and_a_module_global*"])
+    result.stdout.fnmatch_lines(["*test_fixture_and_global.KEPT[[]0]*"])  # among its holders
+
+
 def test_the_tests_own_instance_names_the_holder_when_arguments_are_not_allowed(pytester, run_pytest):
     pytester.makepyfile(test_instance_state=INSTANCE_STATE_MODULE)
 

@@ -183,11 +183,15 @@ def _full_search(index, allowed, deadline, max_depth, max_owners, node_budget, g
         local_roots.values.clear()  # the locals' values: needed no more, and not to be found as holders
         # 2. Up from the rest, one heap pass per level.
         rest = {key: entries for key, entries in starts.items() if not result.owners[key]}
+        below_allowed = {key: entries for key, entries in starts.items() if key in result.allowed}
         if not collector.is_frozen():
             # The heap list refers to every object: each pass over the heap would find it
             # among the referrers and go through its hundreds of thousands of referents
             # (ignored as the search's own) at every level. Only a frozen walk uses it.
             objects = None
+        if below_allowed:
+            _recheck_allowed(below_allowed, objects, local_roots, ignore, allowed, result, max_depth, deadline,
+                             max_owners)
         if rest:
             _walk_up(rest, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners,
                      give_up_after)
@@ -208,6 +212,26 @@ def _full_search(index, allowed, deadline, max_depth, max_owners, node_budget, g
 
 def _named(owners: list) -> bool:
     return any(owner.kind != "unnamed" for owner in owners)
+
+
+def _recheck_allowed(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline,
+                     max_owners) -> None:
+    """Blocks step 1 found below an allowed root may be held by something else as well: the
+    tensor also in a module list, its holder also in a global, a view of its storage kept
+    elsewhere (the search from closed roots proved none of that, or it would have answered).
+    Walk up for them; a named holder that is not allowed makes the block not allowed and joins
+    its holders. What the walk cannot name (a reference from C) leaves step 1's answer."""
+    scratch = OwnerSearch(owners={key: [] for key in starts}, stopped_early=False)
+    _walk_up(starts, objects, local_roots, ignore, allowed, scratch, max_depth, deadline, max_owners)
+    result.stopped_early |= scratch.stopped_early
+    for key in starts:
+        others = [owner for owner in scratch.owners[key] if owner.kind not in ("allowed", "unnamed")]
+        if not others:
+            continue
+        result.allowed.pop(key, None)
+        result.live_rooted |= scratch.live_rooted & {key}
+        kept = [owner for owner in result.owners[key] if owner not in others]
+        result.owners[key] = (others + kept)[:max_owners]
 
 
 def _walk_up(starts, objects, local_roots, ignore, allowed, result, max_depth, deadline, max_owners,
