@@ -293,3 +293,67 @@ PyObject* TorchmemSubsetGarbage(PyObject* objects, PyObject* seeds, Py_ssize_t m
   return Py_BuildValue("(NOnnn)", garbage, complete ? Py_True : Py_False, passes, members,
                        finalizers);
 }
+
+PyObject* TorchmemUnreachableAmong(PyObject* objects) {
+  if (!PyList_Check(objects)) {
+    PyErr_SetString(PyExc_TypeError, "unreachable_among(list)");
+    return NULL;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(objects);
+  Members s;
+  char* reachable = (char*)calloc((size_t)n + 1, 1);
+  Py_ssize_t* stack = (Py_ssize_t*)malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+  PyObject* no_seeds = PyList_New(0);
+  if (Init(&s, n + 1) < 0 || reachable == NULL || stack == NULL || no_seeds == NULL) {
+    Free(&s);
+    free(reachable);
+    free(stack);
+    Py_XDECREF(no_seeds);
+    return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* op = PyList_GET_ITEM(objects, i);
+    if (op != objects && Find(&s, op) < 0) Add(&s, op, i);
+  }
+  /* Every member is in `objects`: step 2 alone, with nothing to discount but that list. */
+  MarkReachable(&s, no_seeds, reachable, stack);
+  Py_DECREF(no_seeds);
+  PyObject* garbage = PyList_New(0);
+  for (Py_ssize_t m = 0; garbage != NULL && m < s.count; ++m) {
+    if (!reachable[m] && PyList_Append(garbage, s.members[m]) < 0) Py_CLEAR(garbage);
+  }
+  free(reachable);
+  free(stack);
+  Free(&s);
+  return garbage;
+}
+
+PyObject* TorchmemTypesOf(PyObject* objects) {
+  if (!PyList_Check(objects)) {
+    PyErr_SetString(PyExc_TypeError, "types_of(list)");
+    return NULL;
+  }
+  PyObject* types = PySet_New(NULL);
+  PyTypeObject* last = NULL; /* neighbours often share a type: skip the set's lookup */
+  for (Py_ssize_t i = 0; types != NULL && i < PyList_GET_SIZE(objects); ++i) {
+    PyTypeObject* type = Py_TYPE(PyList_GET_ITEM(objects, i));
+    if (type == last) continue;
+    last = type;
+    if (PySet_Add(types, (PyObject*)type) < 0) Py_CLEAR(types);
+  }
+  return types;
+}
+
+PyObject* TorchmemObjectsOfTypes(PyObject* objects, PyObject* types) {
+  if (!PyList_Check(objects) || !PyAnySet_Check(types)) {
+    PyErr_SetString(PyExc_TypeError, "objects_of_types(list, set)");
+    return NULL;
+  }
+  PyObject* found = PyList_New(0);
+  for (Py_ssize_t i = 0; found != NULL && i < PyList_GET_SIZE(objects); ++i) {
+    PyObject* op = PyList_GET_ITEM(objects, i);
+    int wanted = PySet_Contains(types, (PyObject*)Py_TYPE(op));
+    if (wanted < 0 || (wanted && PyList_Append(found, op) < 0)) Py_CLEAR(found);
+  }
+  return found;
+}

@@ -49,6 +49,19 @@ PyObject* TorchmemInstancesOf(PyObject* objects, PyObject* type);
 PyObject* TorchmemSubsetGarbage(PyObject* objects, PyObject* seeds, Py_ssize_t max_passes,
                                 Py_ssize_t max_members);
 
+/* The exact types (Py_TYPE, never __class__) of the items of `objects` (a list), as a new
+ * set; and the items whose exact type is in `types` (a set), as a new list: one pass over a
+ * heap's list in C, where a Python comprehension takes 50 ms over 400,000 objects. */
+PyObject* TorchmemTypesOf(PyObject* objects);
+PyObject* TorchmemObjectsOfTypes(PyObject* objects, PyObject* types);
+
+/* Step 2 alone on `objects` (a list of GC-tracked objects, such as the young generations'):
+ * a new list of those nothing outside the list refers to, directly or through a reachable
+ * one, in `objects`' order: what a collection of exactly those objects would find
+ * unreachable. The list's own references are discounted; any other reference (a caller's
+ * variable) makes an object reachable. NULL with an exception set on error. */
+PyObject* TorchmemUnreachableAmong(PyObject* objects);
+
 #ifdef __cplusplus
 }
 #endif
