@@ -147,6 +147,9 @@ class _Instance:
     pass
 
 
+_ELSEWHERE = []
+
+
 def _search_both_ways(blocks, roots):
     from torchmem.leaks.owners import search
 
@@ -190,3 +193,30 @@ def test_a_grad_or_a_graph_on_the_block_takes_the_full_search():
     fast, full = _search_both_ways(blocks, [AllowedRoot("self", instance, "the test instance")])
     assert fast.heap_listed
     assert (fast.owners, fast.allowed) == (full.owners, full.allowed)
+
+
+def test_a_view_of_a_temporary_is_decided_from_the_roots_unless_its_base_is_held_elsewhere():
+    import torch
+
+    from torchmem.leaks.owners import AllowedRoot
+
+    # As gpytorch's test_delta.py setUp: the view holds its base (the arange) from C++ only.
+    instance = _Instance()
+    instance.batch = torch.arange(0.0, 256.0).unsqueeze(1).expand(256, 3)
+    blocks = [("cpu", instance.batch.untyped_storage().data_ptr(), 1024)]
+    roots = [AllowedRoot("self", instance, "the test instance")]
+    fast, full = _search_both_ways(blocks, roots)
+    assert not fast.heap_listed and full.heap_listed
+    for field in ("owners", "allowed", "notes", "unnamed", "held_outside", "live_rooted", "stopped_early"):
+        assert getattr(fast, field) == getattr(full, field), field
+    assert set(fast.allowed) == {("cpu", blocks[0][1])}
+
+    _ELSEWHERE.append(instance.batch._base)  # the base held by a global too: the full search names it
+    try:
+        fast, full = _search_both_ways(blocks, roots)
+        assert fast.heap_listed
+        assert (fast.owners, fast.allowed) == (full.owners, full.allowed)
+        assert not fast.allowed
+        assert any("_ELSEWHERE[0]" in owner.path for owner in fast.owners[("cpu", blocks[0][1])])
+    finally:
+        _ELSEWHERE.clear()

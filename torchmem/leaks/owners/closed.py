@@ -10,8 +10,10 @@ hold a path to it:
    visited (``S``) has had its referents looked at;
 2. every block has a tensor in ``S`` using it, plain (no ``.grad`` or autograd graph start),
    all of a block's tensors share one storage, which starts at the block (it owns the memory);
-3. that storage's C++ use count is the number of tensors in ``S`` using it plus its one
-   Python storage object: no other tensor, storage or C++ holder refers to it;
+3. that storage's C++ use count is the number of tensors in ``S`` using it, plus its one
+   Python storage object, plus the bases of views in ``S`` that are not in ``S`` themselves
+   (a view of a temporary), each held by nothing but those views: no other tensor, storage
+   or C++ holder refers to it;
 4. every object of ``S`` on a path from a root to such a tensor, except the roots, is referred
    to only by objects of ``S`` (its reference count less the references from ``S``): nothing
    outside, Python, C or untracked, holds it.
@@ -97,6 +99,19 @@ def closed_starts(index: BlockIndex, roots: list, *, budget: int, skip: set) -> 
     starts = locate_tensors(index, list(members.values()))
     if any(key not in starts for key in index.keys):
         return None
+    # The bases of views the walk did not reach: a view of a temporary
+    # (``torch.arange(4.0).unsqueeze(1).expand(4, 3)``) holds its base's C++ tensor, and with it
+    # the base's Python object. They hold the block too; allowed below only when nothing else
+    # holds them, as the full search would find no other holder for them either.
+    outside_bases: dict[int, object] = {}
+    bases_of_block: dict = defaultdict(set)
+    for key, entries in starts.items():
+        for start, _ in entries:
+            base = start._base if isinstance(start, torch.Tensor) else None
+            if base is not None and id(base) not in members:
+                outside_bases[id(base)] = base
+                bases_of_block[key].add(id(base))
+    base = start = None
     storages = []  # kept alive while their use counts are read
     for key, entries in starts.items():
         cdatas = set()
@@ -109,12 +124,13 @@ def closed_starts(index: BlockIndex, roots: list, *, budget: int, skip: set) -> 
             if storage.data_ptr() != key[1]:
                 return None  # a storage inside the block that does not own it (from_blob)
         distinct_storage_objects = len({id(storage) for storage in storages if storage._cdata in cdatas})
-        if len(cdatas) != 1 or _storage_use_count(cdatas.pop()) != len(entries) + distinct_storage_objects:
+        expected_uses = len(entries) + len(bases_of_block[key]) + distinct_storage_objects
+        if len(cdatas) != 1 or _storage_use_count(cdatas.pop()) != expected_uses:
             return None
         storages.clear()
     start_ids = {id(start) for entries in starts.values() for start, _ in entries}
     own_refs = defaultdict(int)  # references this function holds besides ``members``, or C++ ones explained
-    for entries in starts.values():
+    for key, entries in starts.items():
         views_of = defaultdict(int)  # id(base) -> views of it among the block's tensors
         for start, _ in entries:
             base = start._base
@@ -131,10 +147,25 @@ def closed_starts(index: BlockIndex, roots: list, *, budget: int, skip: set) -> 
                 return None
             if cpp_holders:
                 own_refs[id(start)] += _IMPL_PYTHON_REFERENCE
+        for base_id in bases_of_block[key]:
+            if not _held_only_by_its_views(outside_bases, base_id, views_of[base_id]):
+                return None
     start = storage = None  # loop variables: references the count below would not explain
     if not _held_only_from_inside(members, children, root_ids, start_ids, own_refs):
         return None
     return starts
+
+
+def _held_only_by_its_views(bases: dict, base_id: int, views: int) -> bool:
+    """A view's base outside the walk: a plain tensor whose C++ tensor only ``views`` (found
+    in the walk) hold, and whose Python object only that C++ tensor holds."""
+    base = bases[base_id]
+    if _requires_grad(base) or _tensor_use_count(base) - 1 != views:
+        return False
+    base = None
+    probe = {0: object()}
+    baseline = _refcount(probe, 0) - 1  # the references of this frame and of the call
+    return _refcount(bases, base_id) - baseline - 1 == _IMPL_PYTHON_REFERENCE
 
 
 def _held_only_from_inside(members: dict, children: dict, root_ids: set, start_ids: set, own_refs: dict) -> bool:
