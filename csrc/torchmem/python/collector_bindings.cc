@@ -5,48 +5,43 @@
 #include "torchmem/python/subset_collection.h"
 
 namespace torchmem::python {
+namespace {
+
+// A new reference from a helper of subset_collection.h, or the Python error it set.
+template <typename Result>
+Result Owned(PyObject* result) {
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<Result>(result);
+}
+
+}  // namespace
 
 void RegisterCollector(py::module_& m) {
   m.def(
       "instances_of",
       [](py::list objects, py::object type) {
-        PyObject* found = TorchmemInstancesOf(objects.ptr(), type.ptr());
-        if (found == nullptr) throw py::error_already_set();
-        return py::reinterpret_steal<py::list>(found);
+        return Owned<py::list>(TorchmemInstancesOf(objects.ptr(), type.ptr()));
       },
       py::arg("objects"), py::arg("type"));
   m.def(
       "subset_garbage",
       [](py::list objects, py::list seeds, Py_ssize_t max_passes, Py_ssize_t max_members) {
-        PyObject* result =
-            TorchmemSubsetGarbage(objects.ptr(), seeds.ptr(), max_passes, max_members);
-        if (result == nullptr) throw py::error_already_set();
-        return py::reinterpret_steal<py::tuple>(result);
+        return Owned<py::tuple>(
+            TorchmemSubsetGarbage(objects.ptr(), seeds.ptr(), max_passes, max_members));
       },
       py::arg("objects"), py::arg("seeds"), py::arg("max_passes"), py::arg("max_members"));
   m.def(
-      "types_of",
-      [](py::list objects) {
-        PyObject* result = TorchmemTypesOf(objects.ptr());
-        if (result == nullptr) throw py::error_already_set();
-        return py::reinterpret_steal<py::set>(result);
-      },
+      "types_of", [](py::list objects) { return Owned<py::set>(TorchmemTypesOf(objects.ptr())); },
       py::arg("objects"));
   m.def(
       "objects_of_types",
       [](py::list objects, py::object types) {
-        PyObject* result = TorchmemObjectsOfTypes(objects.ptr(), types.ptr());
-        if (result == nullptr) throw py::error_already_set();
-        return py::reinterpret_steal<py::list>(result);
+        return Owned<py::list>(TorchmemObjectsOfTypes(objects.ptr(), types.ptr()));
       },
       py::arg("objects"), py::arg("types"));
   m.def(
       "unreachable_among",
-      [](py::list objects) {
-        PyObject* result = TorchmemUnreachableAmong(objects.ptr());
-        if (result == nullptr) throw py::error_already_set();
-        return py::reinterpret_steal<py::list>(result);
-      },
+      [](py::list objects) { return Owned<py::list>(TorchmemUnreachableAmong(objects.ptr())); },
       py::arg("objects"));
 }
 
