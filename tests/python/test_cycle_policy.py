@@ -272,3 +272,19 @@ KEPT: list = []
 def test_untagged_cannot_be_opened_as_a_tag():
     with pytest.raises(ValueError, match="'untagged' is the name torchmem gives memory allocated outside every tag"):
         torchmem.tag("untagged")
+
+
+def test_blocks_whose_holder_is_unknown_are_not_counted_as_separate_copies():
+    # zuko's test_bayesian_flows: 40 blocks allocated at one `loss.backward()` line, freed by the
+    # collection, no tensor using them in the garbage. Nothing says they were dropped one by one.
+    from torchmem.leaks import cycle_policy
+
+    unknown = [(index, (7, ""), frozenset({("unknown", index)})) for index in range(40)]
+    known = [(100 + index, (8, "StepReport"), frozenset({("top", index)})) for index in range(8)]
+    verdicts = cycle_policy.judge(unknown + known, policy="repeating", repeats=8)
+
+    assert not any(verdicts[index].counted for index, _, _ in unknown)
+    assert "no tensor using it was found" in verdicts[0].note
+    assert all(verdicts[index].counted for index, _, _ in known)  # a loop's copies still count
+    always = cycle_policy.judge(unknown, policy="always", repeats=8)
+    assert all(verdict.counted for verdict in always.values())

@@ -206,7 +206,7 @@ class Classifier:
             finding = self.report.findings[index]
             holder_type = holder.holder_type if holder else ""
             # What was dropped together (one wrapper above many metric copies) counts once;
-            # a block whose holder is unknown is a copy of its own.
+            # a block whose holder is unknown is not counted (cycle_policy.judge).
             tops = holder.dropped_with if holder and holder.dropped_with else frozenset({("unknown", index)})
             held.append((index, (finding.context, holder_type), tops))
         verdicts = cycle_policy.judge(held, policy=self.check.cycles, repeats=self.check.cycle_repeats)

@@ -21,6 +21,8 @@ references go, not from whether the garbage happens to be connected:
   once; a container in no cycle (a ``MetricTracker``, a ``ModuleList``, a plain list) is
   freed by reference counting and leaves its copies with no common top: they count like a
   loop's, from ``cycle_repeats`` on;
+* a block no tensor in the garbage uses (its holder unknown: memory an autograd graph keeps
+  from C++) is not counted: nothing tells whether it was dropped apart from the others;
 * copies with no common top were dropped one by one: ten copies left by a loop are ten,
   even though every copy refers to the same class, module, function or shared default,
   and even when that class is garbage too (a script's own class once ``run`` releases the
@@ -138,12 +140,21 @@ def judge(held: list[tuple[int, tuple, frozenset]], *, policy: str, repeats: int
     copies = {key: _separate_copies(list(tops)) for key, tops in tops_by_key.items()}
     verdicts = {}
     for index, key, _ in held:
-        holder = key[1] or "an unknown object"
+        holder = key[1]
         count = copies[key]
         if policy == ALWAYS:
             verdicts[index] = CycleVerdict(True, "counted: cycles='always' counts every cycle-held block")
         elif policy == NEVER:
             verdicts[index] = CycleVerdict(False, "not counted: cycles='never' reports cycle garbage without counting it")
+        elif not holder:
+            # No tensor using the block was found in the garbage (memory an autograd graph keeps
+            # from C++): nothing says which cycle held it, so nothing says it was dropped apart
+            # from the other blocks of its line. 40 gradients of one backward() are not 40 copies.
+            verdicts[index] = CycleVerdict(
+                False,
+                "not counted: held by garbage in which no tensor using it was found, so whether it was dropped "
+                "apart from the other blocks of this allocation stack cannot be told (cycles='always' counts it)",
+            )
         elif count >= repeats:
             verdicts[index] = CycleVerdict(
                 True,
