@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import threading
 
 __all__ = ["YOUNG", "WHOLE_HEAP", "is_frozen", "thaw", "young_garbage", "young_tensor_blocks", "collect_saving_garbage",
